@@ -1,0 +1,87 @@
+"""Developer and CI sessions: tests (CPU), lint, gpu (device), build, demo, version."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ["b12x-formats", "b12x-kernels", "b12x-core", "b12x-vllm"]
+# The CPU torch build sits on local disk for this pin; a bare "torch" would pull a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+TEST_DEPS = ["pytest>=8", "pytest-timeout"]
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "venv"
+
+
+def _install_packages(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install("-e", "packages/b12x-formats[convert]")
+    for name in PACKAGES[1:]:
+        session.install("--no-deps", "-e", f"packages/{name}")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU tests of every package (GPU tests are skipped)."""
+    _install_packages(session)
+    session.install(*TEST_DEPS)
+    session.run("pytest", "-m", "not gpu", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """GPU tests; run on the device machine."""
+    _install_packages(session)
+    session.install(*TEST_DEPS)
+    session.run("pytest", "-m", "gpu", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """sdists and wheels of all four packages into dist/."""
+    session.install("build")
+    for name in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(ROOT / "dist"), f"packages/{name}")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's main job: quantize the built-in example model into a mixed-precision checkpoint, inspect it."""
+    session.install("-e", "packages/b12x-formats")
+    out = ROOT / "out" / "demo"
+    session.run("b12x-formats", "example", str(out / "hf"), "--force")
+    session.run(
+        "b12x-formats", "quantize", str(out / "hf"), str(out / "b12x"), "--force",
+        "--default", "IQ2_XS", "--layer", "*.mlp.down_proj=Q8_0", "--layer", "*.self_attn.o_proj=NVFP4",
+        "--layer", "*.self_attn.[qk]_proj=MXFP4", "--layer", "*.self_attn.v_proj=FP8",
+    )
+    session.run("b12x-formats", "inspect", str(out / "b12x"))
+
+
+@nox.session(python=False)
+def version(session: nox.Session) -> None:
+    """`nox -s version -- X.Y.Z`: bump all four packages and their == pins together."""
+    if len(session.posargs) != 1 or not re.fullmatch(r"\d+\.\d+\.\d+", session.posargs[0]):
+        session.error("usage: nox -s version -- X.Y.Z")
+    bump_version(session.posargs[0])
+
+
+def bump_version(new: str, root: Path = ROOT) -> None:
+    for name in PACKAGES:
+        pkg = root / "packages" / name
+        pyproject = pkg / "pyproject.toml"
+        text = re.sub(r'(?m)^version = "[^"]+"', f'version = "{new}"', pyproject.read_text())
+        text = re.sub(r'"(b12x-[a-z]+)==[^"]+"', rf'"\1=={new}"', text)
+        pyproject.write_text(text)
+        init = pkg / "src" / name.replace("-", "_") / "__init__.py"
+        init.write_text(re.sub(r'(?m)^__version__ = "[^"]+"', f'__version__ = "{new}"', init.read_text()))

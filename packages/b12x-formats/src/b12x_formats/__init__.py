@@ -1,0 +1,15 @@
+"""b12x-formats: weight formats, exact quantize/dequantize, ModelOpt checkpoints and GGUF import.
+
+numpy-only at import time; torch tensors are accepted wherever arrays are.
+"""
+
+from . import modelopt
+from .api import dequantize, formats, quantize, spec
+from .quantized import QuantizedWeight
+from .spec import FormatSpec, TensorSpec
+
+__version__ = "0.1.0"
+
+FORMATS = formats()
+
+__all__ = ["FORMATS", "FormatSpec", "QuantizedWeight", "TensorSpec", "dequantize", "modelopt", "quantize", "spec"]

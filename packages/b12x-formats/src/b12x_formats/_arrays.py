@@ -1,0 +1,42 @@
+"""Array conversion at the package boundary: numpy or torch in, numpy out (torch is never imported here)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+# torch dtypes numpy lacks, mapped to their ml_dtypes twins through a same-width integer view.
+_TORCH_VIEWS = {
+    "torch.bfloat16": ("int16", ml_dtypes.bfloat16),
+    "torch.float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
+    "torch.float8_e8m0fnu": ("uint8", ml_dtypes.float8_e8m0fnu),
+}
+
+
+def is_torch_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def to_numpy(x) -> np.ndarray:
+    """A numpy view or copy of `x`, keeping its dtype (bf16/fp8 torch tensors become ml_dtypes arrays)."""
+    if is_torch_tensor(x):
+        import torch
+
+        t = x.detach().to("cpu")
+        view = _TORCH_VIEWS.get(str(t.dtype))
+        if view is None:
+            return t.numpy()
+        int_dtype, np_dtype = view
+        return t.view(getattr(torch, int_dtype)).numpy().view(np_dtype)
+    return np.asarray(x)
+
+
+def to_float32(x, what: str = "w") -> np.ndarray:
+    arr = to_numpy(x)
+    if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype in (ml_dtypes.bfloat16,)):
+        raise ValueError(f"{what}: expected a floating-point array, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
