@@ -1,0 +1,99 @@
+"""`b12x-formats` command line: inspect, quantize, convert-gguf, example, formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from .api import formats, spec
+
+
+def _inspect(args) -> None:
+    from .inspect import inspect_path, render
+
+    rows = inspect_path(args.path)
+    if args.json:
+        print(json.dumps([asdict(r) | {"bits_per_weight": r.bits_per_weight} for r in rows], indent=2))
+    else:
+        print(render(rows))
+
+
+def _quantize(args) -> None:
+    from .hf_quantize import QuantizePlan, quantize_checkpoint
+
+    plan = QuantizePlan.from_cli(args.default, args.layer, args.keep)
+    out = quantize_checkpoint(args.hf_dir, args.out_dir, plan, overwrite=args.force)
+    print(f"wrote {out}")
+
+
+def _convert_gguf(args) -> None:
+    from .gguf_convert import convert_gguf
+
+    out = convert_gguf(args.gguf_file, args.out_dir, overwrite=args.force)
+    print(f"wrote {out}")
+
+
+def _example(args) -> None:
+    from .example import write_example
+
+    print(f"wrote {write_example(args.out_dir, overwrite=args.force)}")
+
+
+def _formats(args) -> None:
+    print(f"{'format':<12} {'group':>5} {'block B':>7} {'bits/w':>7}  activations   layout")
+    for name in formats():
+        s = spec(name)
+        print(
+            f"{s.name:<12} {s.group_size or '-':>5} {s.block_bytes or '-':>7} {s.bits_per_weight:>7.4g}  "
+            f"{','.join(s.activations):<13} {s.doc}"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="b12x-formats", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="per-layer format, shape, bytes and bits/weight of a checkpoint dir or .gguf")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="machine-readable rows")
+    p.set_defaults(run=_inspect)
+
+    p = sub.add_parser("quantize", help="quantize a bf16/fp16 Hugging Face checkpoint into ModelOpt mixed precision")
+    p.add_argument("hf_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--default", required=True, metavar="FMT", help=f"format of linear layers: {', '.join(formats())}")
+    p.add_argument("--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins")
+    p.add_argument("--keep", action="append", default=[], metavar="GLOB", help="modules to keep floating point")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    p.set_defaults(run=_quantize)
+
+    p = sub.add_parser("convert-gguf", help="turn a llama.cpp GGUF model into a ModelOpt mixed-precision checkpoint")
+    p.add_argument("gguf_file")
+    p.add_argument("out_dir")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    p.set_defaults(run=_convert_gguf)
+
+    p = sub.add_parser("example", help="write a tiny random bf16 Llama-style checkpoint (the demo's input)")
+    p.add_argument("out_dir")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(run=_example)
+
+    p = sub.add_parser("formats", help="list the supported weight formats")
+    p.set_defaults(run=_formats)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError, ImportError) as err:
+        print(f"b12x-formats {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

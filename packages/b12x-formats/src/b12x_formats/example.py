@@ -1,0 +1,69 @@
+"""A tiny random Llama-style checkpoint (bf16), the built-in input of the README's demo and of tests.
+
+Dimensions are multiples of 256 so that every format, IQ2 included, applies to every linear layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .checkpoint import save_checkpoint
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def llama_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random bf16 weights with the parameter names and shapes of transformers' LlamaForCausalLM."""
+    rng = np.random.default_rng(seed)
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def linear(n, k):
+        return (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
+
+    def norm():
+        return (1 + 0.1 * rng.standard_normal(h, dtype=np.float32)).astype(ml_dtypes.bfloat16)
+
+    out = {"model.embed_tokens.weight": linear(v, h)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out |= {
+            f"{p}.input_layernorm.weight": norm(),
+            f"{p}.self_attn.q_proj.weight": linear(q, h),
+            f"{p}.self_attn.k_proj.weight": linear(kv, h),
+            f"{p}.self_attn.v_proj.weight": linear(kv, h),
+            f"{p}.self_attn.o_proj.weight": linear(h, q),
+            f"{p}.post_attention_layernorm.weight": norm(),
+            f"{p}.mlp.gate_proj.weight": linear(i, h),
+            f"{p}.mlp.up_proj.weight": linear(i, h),
+            f"{p}.mlp.down_proj.weight": linear(h, i),
+        }
+    out |= {"model.norm.weight": norm(), "lm_head.weight": linear(v, h)}
+    return out
+
+
+def write_example(out_dir: str | Path, overwrite: bool = False, seed: int = 0) -> Path:
+    tensors = llama_tensors(TINY_LLAMA, seed)
+    return save_checkpoint(out_dir, tensors.items(), TINY_LLAMA, total=len(tensors), overwrite=overwrite)

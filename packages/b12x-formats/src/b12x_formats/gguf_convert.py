@@ -1,0 +1,115 @@
+"""`b12x-formats convert-gguf`: a llama.cpp GGUF model -> a ModelOpt mixed-precision Hugging Face checkpoint.
+
+IQ2_XS, IQ2_XXS and Q8_0 tensors are copied byte for byte (GGUF rows are exactly our `[N, K/group, bytes]`
+blocks); every other type is dequantized with `gguf` and stored as bf16. Names, config and tokenizer come from
+transformers' own GGUF support, so they follow the Hugging Face model. Two things transformers does for
+its fused, in-memory models are done here for the on-disk layout vLLM expects:
+- stacked experts (`blk.N.ffn_gate_exps`, [E, I, H]) become per-expert tensors
+  (`model.layers.N.mlp.experts.<e>.gate_proj.weight`);
+- llama's q/k row permutation is undone on the packed blocks (it only moves whole rows, so it is lossless).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .checkpoint import save_checkpoint
+from .modelopt import QuantizationConfig
+from .quantized import QuantizedWeight
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+PASSTHROUGH = ("IQ2_XS", "IQ2_XXS", "Q8_0")
+_EXPERTS = re.compile(r"blk\.(?P<bid>\d+)\.ffn_(?P<proj>gate|up|down)_exps\.weight")
+
+
+def _require_transformers():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "convert-gguf needs transformers and torch: pip install 'b12x-formats[convert]'"
+        ) from err
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Convert `gguf_path` into a checkpoint directory `out_dir` (written atomically; the input is only read)."""
+    _require_transformers()
+    import gguf
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    gguf_path = Path(gguf_path).resolve()
+    reader = gguf.GGUFReader(gguf_path)
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"{gguf_path.name}: architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
+
+    where = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
+    config = AutoConfig.from_pretrained(**where)
+    expert_ff = _field(reader, f"{arch}.expert_feed_forward_length", None)
+    if expert_ff is not None:  # transformers' GGUF config table leaves this out for qwen3moe
+        config.moe_intermediate_size = int(expert_ff)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(skeleton).__name__]
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(skeleton, processor)
+
+    quantized: dict[str, str] = {}
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for t in reader.tensors:
+            qtype = gguf.GGMLQuantizationType(t.tensor_type)
+            experts = _EXPERTS.fullmatch(t.name)
+            if experts:
+                # fused expert parameters carry no ".weight" suffix: "...mlp.experts.gate_up_proj"
+                prefix = names[t.name.removesuffix(".weight")].rsplit(".", 1)[0]
+                targets = [f"{prefix}.{e}.{experts['proj']}_proj.weight" for e in range(t.data.shape[0])]
+            elif t.name in names:
+                targets = [names[t.name]]
+            else:
+                raise ValueError(f"{gguf_path.name}: no Hugging Face name for GGUF tensor {t.name!r}")
+            if qtype.name in PASSTHROUGH:
+                rows = np.asarray(t.data)
+                bs, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                blocks = rows.reshape(*rows.shape[:-1], rows.shape[-1] // nbytes, nbytes)
+                data = blocks if experts else processor.process(blocks, t.name).weights
+            else:
+                values = gguf.quants.dequantize(np.asarray(t.data), qtype)
+                data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
+            parts = data if experts else [data]
+            for hf_name, part in zip(targets, parts, strict=True):
+                if qtype.name in PASSTHROUGH:
+                    prefix = hf_name.removesuffix(".weight")
+                    QuantizedWeight.from_tensors(qtype.name, {"weight": part})  # rejects non-finite d
+                    quantized[prefix] = qtype.name
+                yield hf_name, np.ascontiguousarray(part)
+
+    total = sum(t.data.shape[0] if _EXPERTS.fullmatch(t.name) else 1 for t in reader.tensors)
+    with tempfile.TemporaryDirectory() as tok_dir:
+        AutoTokenizer.from_pretrained(**where).save_pretrained(tok_dir)
+        extra = {p.name: p.read_bytes() for p in Path(tok_dir).iterdir() if p.is_file()}
+        # quantized_layers is filled while the tensors stream, before the config is written.
+        quant = QuantizationConfig(layers=quantized)
+        cfg = config.to_dict()
+        cfg["torch_dtype"] = "bfloat16"
+        return save_checkpoint(
+            out_dir, tensors(), cfg, quant, extra_files=extra, total=total, overwrite=overwrite, desc="converting"
+        )
+
+
+def _field(reader, key: str, default=...):
+    field = reader.get_field(key)
+    if field is None:
+        if default is ...:
+            raise ValueError(f"GGUF file has no {key!r}")
+        return default
+    return field.contents()

@@ -1,0 +1,106 @@
+"""Quantize a floating-point Hugging Face checkpoint into a ModelOpt mixed-precision one.
+
+Which modules are quantized: every 2-D `<module>.weight` of a linear layer. Norms, biases, MoE routers
+(`...mlp.gate`, `...router`), embeddings and `lm_head` stay as they are unless a `--layer` rule names them
+(a Q8_0 `embed_tokens` is a supported b12x embedding). `--keep` globs always win; then the first matching
+`--layer GLOB=FMT`; then `--default`. Globs match module prefixes (`model.layers.0.mlp.down_proj`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from ._arrays import to_float32
+from .api import quantize
+from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
+from .modelopt import QuantizationConfig, is_norm_module
+from .quantized import codec_for
+
+_NOT_BY_DEFAULT = re.compile(r"(^|\.)(embed_tokens|wte|lm_head|gate|router|shared_expert_gate)$")
+
+
+@dataclass
+class QuantizePlan:
+    default: str | None
+    rules: list[tuple[str, str]] = field(default_factory=list)  # (glob, format), first match wins
+    keep: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.default = codec_for(self.default).spec.name if self.default else None
+        self.rules = [(glob, codec_for(fmt).spec.name) for glob, fmt in self.rules]
+
+    @classmethod
+    def from_cli(cls, default: str | None, layer_rules: list[str], keep: list[str]) -> QuantizePlan:
+        rules = []
+        for rule in layer_rules:
+            glob, sep, fmt = rule.rpartition("=")
+            if not sep or not glob or not fmt:
+                raise ValueError(f"--layer {rule!r}: expected GLOB=FORMAT, e.g. '*.mlp.down_proj=Q8_0'")
+            rules.append((glob, fmt))
+        return cls(default, rules, list(keep))
+
+    def format_for(self, prefix: str, shape: tuple[int, ...]) -> str | None:
+        if len(shape) != 2 or is_norm_module(prefix):
+            return None
+        if any(fnmatch.fnmatchcase(prefix, g) for g in self.keep):
+            return None
+        for glob, fmt in self.rules:
+            if fnmatch.fnmatchcase(prefix, glob):
+                return fmt
+        if _NOT_BY_DEFAULT.search(prefix):
+            return None
+        return self.default
+
+
+def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
+    """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
+    src, out = Path(src), Path(out)
+    if src.resolve() == out.resolve():
+        raise ValueError("quantize: OUT_DIR must differ from HF_DIR (inputs are never modified)")
+    ckpt = Checkpoint(src)
+    if ckpt.quantization is not None:
+        raise ValueError(f"{src} is already quantized ({ckpt.config['quantization_config'].get('quant_algo')})")
+    names = ckpt.tensor_names()
+    chosen: dict[str, str] = {}
+    for name in names:
+        if name.endswith(".weight"):
+            prefix = name[: -len(".weight")]
+            fmt = plan.format_for(prefix, ckpt.file_of(name).shape(name))
+            if fmt is not None:
+                k = ckpt.file_of(name).shape(name)[-1]
+                multiple = codec_for(fmt).spec.k_multiple
+                if k % multiple:
+                    raise ValueError(
+                        f"{prefix}: K={k} is not a multiple of {multiple}, the group size of {fmt}; "
+                        f"choose another format for it with --layer '{prefix}=FMT' or keep it with --keep"
+                    )
+                chosen[prefix] = fmt
+    if not chosen:
+        raise ValueError(f"{src}: no module matched; nothing to quantize")
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for name in names:
+            prefix = name[: -len(".weight")] if name.endswith(".weight") else None
+            if prefix in chosen:
+                qw = quantize(to_float32(ckpt.get(name)), chosen[prefix])
+                for tname, array in qw.tensors.items():
+                    yield f"{prefix}.{tname}", array
+            else:
+                yield name, np.asarray(ckpt.get(name))
+
+    extra = {
+        p.name: p
+        for p in src.iterdir()
+        if p.is_file() and p.suffix != ".safetensors" and p.name not in (INDEX_NAME, "config.json", "hf_quant_config.json")
+    }
+    config = dict(ckpt.config)
+    quant = QuantizationConfig(layers=chosen)
+    total = len(names) + sum(len(codec_for(f).spec.required_tensors) - 1 for f in chosen.values())
+    return save_checkpoint(
+        out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing"
+    )

@@ -1,0 +1,34 @@
+"""Shared test setup: GPU tests are skipped unless CUDA is present; every test gets fresh randomness."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded afresh every run; the seed is printed so a failure can be replayed with B12X_SEED."""
+    seed = int(os.environ.get("B12X_SEED", np.random.SeedSequence().entropy % 2**32))
+    print(f"{request.node.name}: B12X_SEED={seed}")
+    return np.random.default_rng(seed)
