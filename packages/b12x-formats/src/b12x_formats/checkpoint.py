@@ -84,7 +84,7 @@ def write_safetensors_shards(
     for name, array in tqdm(tensors, total=total, desc=desc, unit="tensor", leave=False):
         if name in weight_map:
             raise ValueError(f"duplicate tensor name {name!r}")
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # (ascontiguousarray would turn 0-d scalars into 1-d)
         if size and size + array.nbytes > max_shard_bytes:
             flush()
         shards[-1][name] = array

@@ -91,7 +91,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                     prefix = hf_name.removesuffix(".weight")
                     QuantizedWeight.from_tensors(qtype.name, {"weight": part})  # rejects non-finite d
                     quantized[prefix] = qtype.name
-                yield hf_name, np.ascontiguousarray(part)
+                yield hf_name, part
 
     total = sum(t.data.shape[0] if _EXPERTS.fullmatch(t.name) else 1 for t in reader.tensors)
     with tempfile.TemporaryDirectory() as tok_dir:

@@ -95,10 +95,10 @@ def _quantize_chunk(x, importance, grid, gps) -> IQ2Blocks:
     # 4. quantize: d per block (fp16), 4-bit l per scale group, regrid at each quantized scale
     per_block = nscales // nblocks
     top = best_scale.reshape(nblocks, per_block).max(axis=1)
-    d = (top * np.float32(8 / (2 * MAX_NIBBLE + 1))).astype(np.float16)
-    if not np.isfinite(d).all():
+    d = top * np.float32(8 / (2 * MAX_NIBBLE + 1))
+    if (d > np.finfo(np.float16).max).any():
         raise ValueError("IQ2: weights too large for an fp16 block scale (|w| must stay below about 1e7)")
-    d = d.astype(np.float32)
+    d = d.astype(np.float16).astype(np.float32)
     d_per_scale = np.repeat(d, per_block)
     safe_d = np.where(d_per_scale > 0, d_per_scale, np.float32(1))
     nearest = np.clip(np.round((8 * best_scale / safe_d - 1) / 2), 0, MAX_NIBBLE)

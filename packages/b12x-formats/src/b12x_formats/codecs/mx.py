@@ -24,11 +24,21 @@ from ._checks import reject_e4m3_nan, reject_e8m0_nan
 BLOCK = 32
 
 
+def _floor_log2(x: np.ndarray) -> np.ndarray:
+    """Exact floor(log2 x) for x > 0 (frexp, not a rounded float log2)."""
+    mantissa, exponent = np.frexp(x)  # x = m * 2^e, 0.5 <= m < 1
+    return exponent - 1
+
+
+def _ceil_log2(x: np.ndarray) -> np.ndarray:
+    mantissa, exponent = np.frexp(x)
+    return np.where(mantissa == 0.5, exponent - 1, exponent)
+
+
 def _block_exponent(w: np.ndarray, rule) -> np.ndarray:
     """Integer exponent per 32-block of the last axis; all-zero blocks get the smallest scale."""
     amax = np.abs(w).reshape(*w.shape[:-1], -1, BLOCK).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        exponent = rule(amax)
+    exponent = rule(np.where(amax > 0, amax, np.float32(1)))
     return np.where(amax > 0, exponent, -127).astype(np.int32)
 
 
@@ -60,7 +70,7 @@ class MXFP8(Codec):
         return {"weight": lead + (n, k), "weight_scale": lead + (n, k // BLOCK)}
 
     def quantize(self, w, importance):
-        exponent = _block_exponent(w, lambda amax: np.ceil(np.log2(amax / np.float32(448.0))))
+        exponent = _block_exponent(w, lambda amax: _ceil_log2(amax / np.float32(448.0)))
         return {"weight": encode_e4m3(_scaled(w, exponent)), "weight_scale": e8m0_from_exponent(exponent)}
 
     def dequantize(self, tensors, lead, n, k):
@@ -95,7 +105,7 @@ class MXFP4(Codec):
         return {"weight": lead + (n, k // 2), "weight_scale": lead + (n, k // BLOCK)}
 
     def quantize(self, w, importance):
-        exponent = _block_exponent(w, lambda amax: np.floor(np.log2(amax)) - 2)
+        exponent = _block_exponent(w, lambda amax: _floor_log2(amax) - 2)
         codes = encode_e2m1(_scaled(w, exponent))
         return {"weight": pack_nibbles(codes), "weight_scale": e8m0_from_exponent(exponent)}
 
