@@ -11,7 +11,8 @@ ROOT = Path(__file__).parent
 PACKAGES = ["b12x-formats", "b12x-kernels", "b12x-core", "b12x-vllm"]
 # The CPU torch build sits on local disk for this pin; a bare "torch" would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
-TEST_DEPS = ["pytest>=8", "pytest-timeout"]
+# accelerate: transformers needs it to load a GGUF model, the oracle of the convert-gguf tests
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate"]
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
