@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import nox
@@ -62,9 +61,21 @@ def demo(session: nox.Session) -> None:
     out = ROOT / "out" / "demo"
     session.run("b12x-formats", "example", str(out / "hf"), "--force")
     session.run(
-        "b12x-formats", "quantize", str(out / "hf"), str(out / "b12x"), "--force",
-        "--default", "IQ2_XS", "--layer", "*.mlp.down_proj=Q8_0", "--layer", "*.self_attn.o_proj=NVFP4",
-        "--layer", "*.self_attn.[qk]_proj=MXFP4", "--layer", "*.self_attn.v_proj=FP8",
+        "b12x-formats",
+        "quantize",
+        str(out / "hf"),
+        str(out / "b12x"),
+        "--force",
+        "--default",
+        "IQ2_XS",
+        "--layer",
+        "*.mlp.down_proj=Q8_0",
+        "--layer",
+        "*.self_attn.o_proj=NVFP4",
+        "--layer",
+        "*.self_attn.[qk]_proj=MXFP4",
+        "--layer",
+        "*.self_attn.v_proj=FP8",
     )
     session.run("b12x-formats", "inspect", str(out / "b12x"))
 
@@ -72,17 +83,12 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=False)
 def version(session: nox.Session) -> None:
     """`nox -s version -- X.Y.Z`: bump all four packages and their == pins together."""
-    if len(session.posargs) != 1 or not re.fullmatch(r"\d+\.\d+\.\d+", session.posargs[0]):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import version as versioning
+
+    if len(session.posargs) != 1:
         session.error("usage: nox -s version -- X.Y.Z")
-    bump_version(session.posargs[0])
-
-
-def bump_version(new: str, root: Path = ROOT) -> None:
-    for name in PACKAGES:
-        pkg = root / "packages" / name
-        pyproject = pkg / "pyproject.toml"
-        text = re.sub(r'(?m)^version = "[^"]+"', f'version = "{new}"', pyproject.read_text())
-        text = re.sub(r'"(b12x-[a-z]+)==[^"]+"', rf'"\1=={new}"', text)
-        pyproject.write_text(text)
-        init = pkg / "src" / name.replace("-", "_") / "__init__.py"
-        init.write_text(re.sub(r'(?m)^__version__ = "[^"]+"', f'__version__ = "{new}"', init.read_text()))
+    versioning.bump(session.posargs[0])
+    session.log(f"all packages now at {session.posargs[0]}")

@@ -34,7 +34,11 @@ def _per_group(values, scales, group):
 
 def decode(fmt: str, t: dict) -> np.ndarray:
     if fmt == "FP8":
-        s = np.float32(np.asarray(t["weight_scale"], np.float32).reshape(-1)[0]) if np.size(t["weight_scale"]) == 1 else None
+        s = (
+            np.float32(np.asarray(t["weight_scale"], np.float32).reshape(-1)[0])
+            if np.size(t["weight_scale"]) == 1
+            else None
+        )
         q = e4m3(t["weight"])
         if s is not None:
             return q * s

@@ -4,11 +4,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import b12x_formats as bf
 import ml_dtypes
 import numpy as np
 import pytest
-
-import b12x_formats as bf
 from b12x_formats import checkpoint
 from b12x_formats.checkpoint import Checkpoint, save_checkpoint
 from b12x_formats.cli import main
@@ -98,7 +97,12 @@ def test_quantize_cli(tmp_path, hf_dir, capsys):
     assert "model.layers.1.mlp.down_proj" not in layers  # --keep wins over --layer
     assert "lm_head" not in layers  # not quantized by default
     src = Checkpoint(hf_dir)
-    for name in ("model.norm.weight", "model.layers.0.input_layernorm.weight", "lm_head.weight", "model.layers.1.mlp.down_proj.weight"):
+    for name in (
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "lm_head.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    ):
         assert ck.get(name).dtype == ml_dtypes.bfloat16
         np.testing.assert_array_equal(ck.get(name).view(np.uint16), src.get(name).view(np.uint16))
     # each quantized module equals bf.quantize of the source weight
@@ -106,7 +110,9 @@ def test_quantize_cli(tmp_path, hf_dir, capsys):
         expected = bf.quantize(src.get(prefix + ".weight").astype(np.float32), fmt)
         got = ck.quantized_weight(prefix)
         for tname, t in expected.tensors.items():
-            np.testing.assert_array_equal(np.asarray(got.tensors[tname]).reshape(-1).view(np.uint8), np.asarray(t).reshape(-1).view(np.uint8))
+            np.testing.assert_array_equal(
+                np.asarray(got.tensors[tname]).reshape(-1).view(np.uint8), np.asarray(t).reshape(-1).view(np.uint8)
+            )
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["quantization_config"]["quant_algo"] == "MIXED_PRECISION"
 

@@ -1,12 +1,11 @@
 """Dequantization is exact: GGML codecs bit-identical to gguf.quants.dequantize, the others to ml_dtypes."""
 
+import b12x_formats as bf
 import gguf
 import ml_dtypes
 import numpy as np
 import pytest
 from oracles import decode
-
-import b12x_formats as bf
 
 GGML = ["IQ2_XS", "IQ2_XXS", "Q8_0"]
 
@@ -32,6 +31,7 @@ def test_ggml_random_blocks_bit_identical_to_gguf(rng, fmt, lead):
 
 def random_tensors(rng, fmt, lead, n, k):
     """Valid random checkpoint tensors of every non-GGML format (every code, including subnormals)."""
+
     def e4m3_codes(shape, positive=False):
         c = rng.integers(0, 256, size=shape, dtype=np.uint8)
         c[(c & 0x7F) == 0x7F] = 0x3C  # NaN codes are invalid data

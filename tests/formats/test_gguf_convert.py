@@ -3,15 +3,14 @@
 import hashlib
 import json
 
+import b12x_formats as bf
 import gguf
 import ml_dtypes
 import numpy as np
 import pytest
-from gguf_fixtures import Q, TinyModel, write_tiny_gguf
-
-import b12x_formats as bf
 from b12x_formats.checkpoint import Checkpoint
 from b12x_formats.cli import main
+from gguf_fixtures import Q, TinyModel, write_tiny_gguf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -61,7 +60,12 @@ def test_convert_matches_transformers(tmp_path, arch):
 
     ref = reference_state(src)
     layers = ck.quantized_layers()
-    passthrough = {n for n, t in stored.items() if t.dtype == np.uint8 and TYPES.get(n.split(".")[-2] if n.startswith("blk.") else n.split(".")[0]) in (Q.IQ2_XS, Q.IQ2_XXS, Q.Q8_0)}
+    passthrough = {
+        n
+        for n, t in stored.items()
+        if t.dtype == np.uint8
+        and TYPES.get(n.split(".")[-2] if n.startswith("blk.") else n.split(".")[0]) in (Q.IQ2_XS, Q.IQ2_XXS, Q.Q8_0)
+    }
     experts = 4 if arch == "qwen3moe" else 1
     assert len(layers) == sum(experts if "_exps" in n else 1 for n in passthrough)
     assert {"model.embed_tokens", "lm_head", "model.layers.1.self_attn.q_proj"} <= set(layers)
@@ -74,7 +78,9 @@ def test_convert_matches_transformers(tmp_path, arch):
         else:
             got = ck.get(name)
             assert got.dtype == ml_dtypes.bfloat16, name
-            np.testing.assert_array_equal(got.astype(np.float32), want.astype(ml_dtypes.bfloat16).astype(np.float32), err_msg=name)
+            np.testing.assert_array_equal(
+                got.astype(np.float32), want.astype(ml_dtypes.bfloat16).astype(np.float32), err_msg=name
+            )
 
     # byte for byte: the converted blocks are the GGUF's rows (llama's q/k rows only reordered)
     q_rows = stored["blk.0.attn_q.weight"]
@@ -83,10 +89,14 @@ def test_convert_matches_transformers(tmp_path, arch):
         assert sorted(map(bytes, ours)) == sorted(map(bytes, q_rows)) and not np.array_equal(ours, q_rows)
     else:
         np.testing.assert_array_equal(ours, q_rows)
-    np.testing.assert_array_equal(ck.get("model.embed_tokens.weight").reshape(-1), stored["token_embd.weight"].reshape(-1))
+    np.testing.assert_array_equal(
+        ck.get("model.embed_tokens.weight").reshape(-1), stored["token_embd.weight"].reshape(-1)
+    )
     if arch == "qwen3moe":
         down = stored["blk.1.ffn_down_exps.weight"]  # [E, H, I-bytes]
-        np.testing.assert_array_equal(ck.get("model.layers.1.mlp.experts.3.down_proj.weight").reshape(down[3].shape), down[3])
+        np.testing.assert_array_equal(
+            ck.get("model.layers.1.mlp.experts.3.down_proj.weight").reshape(down[3].shape), down[3]
+        )
         assert ck.get("model.layers.1.mlp.gate.weight").dtype == ml_dtypes.bfloat16  # the router stays floating
 
     tok_ours = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -115,7 +125,10 @@ def test_convert_rejects_unsupported_architecture(tmp_path, capsys):
     w.add_tensor("token_embd.weight", np.ones((4, 4), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     assert main(["convert-gguf", str(src), str(tmp_path / "out")]) == 2
-    assert "architecture 'phi3' is not supported; supported: ('llama', 'qwen2', 'qwen3', 'qwen3moe')" in capsys.readouterr().err
+    assert (
+        "architecture 'phi3' is not supported; supported: ('llama', 'qwen2', 'qwen3', 'qwen3moe')"
+        in capsys.readouterr().err
+    )
 
 
 def test_inspect_gguf(tmp_path, capsys):

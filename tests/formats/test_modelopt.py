@@ -1,8 +1,7 @@
 """ModelOpt quantization configs: entries, both config forms, fused shards, experts, errors."""
 
-import pytest
-
 import b12x_formats as bf
+import pytest
 from b12x_formats.modelopt import QuantizationConfig, parse_quantization_config
 
 GGML_ENTRIES = {
@@ -23,13 +22,22 @@ def test_layer_entry_has_exactly_four_keys_and_round_trips(fmt):
     entry = bf.modelopt.layer_entry(fmt)
     assert set(entry) == {"quant_algo", "group_size", "block_payload_bytes", "packing"}
     cfg = parse_quantization_config(
-        {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {"model.layers.0.mlp.down_proj": entry}}
+        {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": {"model.layers.0.mlp.down_proj": entry},
+        }
     )
     assert cfg.format_for("model.layers.0.mlp.down_proj") == fmt
 
 
 def mixed(layers):
-    return {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": layers}
+    return {
+        "quant_method": "modelopt",
+        "quant_algo": "MIXED_PRECISION",
+        "kv_cache_quant_algo": None,
+        "quantized_layers": layers,
+    }
 
 
 def test_config_json_and_hf_quant_config_forms_agree():
@@ -59,7 +67,9 @@ def test_fused_shards_must_agree():
     cfg = parse_quantization_config(
         mixed({"m.layers.0.mlp.gate_proj": GGML_ENTRIES["IQ2_XS"], "m.layers.0.mlp.up_proj": GGML_ENTRIES["Q8_0"]})
     )
-    with pytest.raises(ValueError, match="gate_up_proj: fused shards must share one format.*gate_proj=IQ2_XS.*up_proj=Q8_0"):
+    with pytest.raises(
+        ValueError, match="gate_up_proj: fused shards must share one format.*gate_proj=IQ2_XS.*up_proj=Q8_0"
+    ):
         cfg.format_for("m.layers.0.mlp.gate_up_proj")
     partial = parse_quantization_config(mixed({"m.layers.0.self_attn.q_proj": GGML_ENTRIES["Q8_0"]}))
     with pytest.raises(ValueError, match="qkv_proj: fused shards must share one format"):
@@ -81,12 +91,19 @@ def test_moe_experts_resolve_per_projection():
 
 def test_single_format_configs():
     cfg = parse_quantization_config(
-        {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "model.layers.0.mlp*"]}
+        {
+            "quant_method": "modelopt",
+            "quant_algo": "NVFP4",
+            "group_size": 16,
+            "exclude_modules": ["lm_head", "model.layers.0.mlp*"],
+        }
     )
     assert cfg.format_for("model.layers.1.self_attn.o_proj") == "NVFP4"
     assert cfg.format_for("lm_head") is None
     assert cfg.format_for("model.layers.0.mlp.down_proj") is None
-    legacy = parse_quantization_config({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": []}})
+    legacy = parse_quantization_config(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": []}}
+    )
     assert legacy.format_for("model.layers.0.mlp.gate_up_proj") == "FP8"
     assert parse_quantization_config({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}).default == "FP8_BLOCK"
 
@@ -110,7 +127,9 @@ def test_bad_entries(entry, message):
         parse_quantization_config(mixed({"model.layers.0.mlp.down_proj": entry}))
 
 
-@pytest.mark.parametrize("norm", ["model.layers.0.input_layernorm", "model.norm", "model.layers.2.self_attn.q_norm", "transformer.ln_f"])
+@pytest.mark.parametrize(
+    "norm", ["model.layers.0.input_layernorm", "model.norm", "model.layers.2.self_attn.q_norm", "transformer.ln_f"]
+)
 def test_norms_must_not_be_quantized(norm):
     with pytest.raises(ValueError, match=f"{norm} is a normalisation layer; norms stay floating point"):
         parse_quantization_config(mixed({norm: GGML_ENTRIES["Q8_0"]}))

@@ -1,10 +1,9 @@
 """Bad input raises ValueError naming the tensor, its shape and the rule it breaks."""
 
+import b12x_formats as bf
 import ml_dtypes
 import numpy as np
 import pytest
-
-import b12x_formats as bf
 
 
 def valid(fmt, rng, lead=(), n=32, k=256):
@@ -42,7 +41,9 @@ def test_unknown_format():
 def test_wrong_block_bytes(rng, fmt, block_bytes):
     w = valid(fmt, rng)["weight"]
     wrong = np.concatenate([w, w[..., :1]], axis=-1)  # one extra byte per block
-    with pytest.raises(ValueError, match=rf"'weight' has shape \[32, \d+, {block_bytes + 1}\]; expected \[32, \d+, {block_bytes}\]"):
+    with pytest.raises(
+        ValueError, match=rf"'weight' has shape \[32, \d+, {block_bytes + 1}\]; expected \[32, \d+, {block_bytes}\]"
+    ):
         bf.QuantizedWeight.from_tensors(fmt, {"weight": wrong})
     with pytest.raises(ValueError, match="raw GGML blocks"):
         bf.QuantizedWeight.from_tensors(fmt, {"weight": w.reshape(32, -1)})
@@ -101,7 +102,9 @@ def test_e4m3_nan_codes_rejected(rng, fmt, name):
 )  # fmt: skip
 def test_wrong_dtype(rng, fmt, name, dtype):
     t = valid(fmt, rng)
-    t[name] = np.asarray(t[name]).view(np.uint8).astype(dtype) if np.dtype(dtype).itemsize == 1 else t[name].astype(dtype)
+    t[name] = (
+        np.asarray(t[name]).view(np.uint8).astype(dtype) if np.dtype(dtype).itemsize == 1 else t[name].astype(dtype)
+    )
     with pytest.raises(ValueError, match=rf"'{name}' .*has dtype {np.dtype(dtype).name}; expected"):
         bf.QuantizedWeight.from_tensors(fmt, t)
 

@@ -32,9 +32,8 @@ def quantize(w, fmt: str, importance=None) -> QuantizedWeight:
         raise ValueError(f"{name}: weight must be [..., N, K], got shape {list(arr.shape)}")
     k = arr.shape[-1]
     if k % codec.spec.k_multiple:
-        raise ValueError(
-            f"{name}: K={k} (weight shape {list(arr.shape)}) is not a multiple of the group size {codec.spec.k_multiple}"
-        )
+        group = codec.spec.k_multiple
+        raise ValueError(f"{name}: K={k} (weight shape {list(arr.shape)}) is not a multiple of the group size {group}")
     if not np.isfinite(arr).all():
         raise ValueError(f"{name}: weight {list(arr.shape)} holds NaN or Inf; only finite weights can be quantized")
     imp = None
@@ -43,7 +42,9 @@ def quantize(w, fmt: str, importance=None) -> QuantizedWeight:
         try:
             imp = np.broadcast_to(imp, arr.shape[:-2] + (k,))
         except ValueError:
-            raise ValueError(f"{name}: importance {list(imp.shape)} must be [K] or [..., K] for weight {list(arr.shape)}") from None
+            raise ValueError(
+                f"{name}: importance {list(imp.shape)} must be [K] or [..., K] for weight {list(arr.shape)}"
+            ) from None
         if not np.isfinite(imp).all() or (imp < 0).any():
             raise ValueError(f"{name}: importance must be finite and >= 0")
     tensors = codec.quantize(arr, imp)

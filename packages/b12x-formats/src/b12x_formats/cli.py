@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("hf_dir")
     p.add_argument("out_dir")
     p.add_argument("--default", required=True, metavar="FMT", help=f"format of linear layers: {', '.join(formats())}")
-    p.add_argument("--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins")
+    p.add_argument(
+        "--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins"
+    )
     p.add_argument("--keep", action="append", default=[], metavar="GLOB", help="modules to keep floating point")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     p.set_defaults(run=_quantize)

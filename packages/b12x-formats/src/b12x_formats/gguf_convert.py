@@ -33,9 +33,7 @@ def _require_transformers():
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as err:
-        raise ImportError(
-            "convert-gguf needs transformers and torch: pip install 'b12x-formats[convert]'"
-        ) from err
+        raise ImportError("convert-gguf needs transformers and torch: pip install 'b12x-formats[convert]'") from err
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
@@ -50,7 +48,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
     reader = gguf.GGUFReader(gguf_path)
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{gguf_path.name}: architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
+        raise ValueError(
+            f"{gguf_path.name}: architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}"
+        )
 
     where = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
     config = AutoConfig.from_pretrained(**where)

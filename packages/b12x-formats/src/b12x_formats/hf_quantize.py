@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from ._arrays import to_float32
 from .api import quantize
 from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
@@ -96,7 +97,9 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
     extra = {
         p.name: p
         for p in src.iterdir()
-        if p.is_file() and p.suffix != ".safetensors" and p.name not in (INDEX_NAME, "config.json", "hf_quant_config.json")
+        if p.is_file()
+        and p.suffix != ".safetensors"
+        and p.name not in (INDEX_NAME, "config.json", "hf_quant_config.json")
     }
     config = dict(ckpt.config)
     quant = QuantizationConfig(layers=chosen)

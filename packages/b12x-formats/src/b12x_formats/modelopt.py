@@ -76,7 +76,9 @@ def validate_entry(prefix: str, entry: dict) -> str:
             )
     else:
         if entry.get("packing") not in (None,):
-            raise ValueError(f"{where}: packing {entry['packing']!r} applies only to GGML block formats, not {spec.name}")
+            raise ValueError(
+                f"{where}: packing {entry['packing']!r} applies only to GGML block formats, not {spec.name}"
+            )
         if entry.get("block_payload_bytes") is not None:
             raise ValueError(f"{where}: block_payload_bytes applies only to GGML block formats, not {spec.name}")
     return spec.name
@@ -131,14 +133,22 @@ class QuantizationConfig:
         from . import __version__
 
         if self.is_mixed:
-            body = {"quant_algo": MIXED, "quantized_layers": {p: layer_entry(f) for p, f in sorted(self.layers.items())}}
+            body = {
+                "quant_algo": MIXED,
+                "quantized_layers": {p: layer_entry(f) for p, f in sorted(self.layers.items())},
+            }
         else:
             body = {"quant_algo": codec_for(self.default).spec.quant_algo, "exclude_modules": list(self.exclude)}
             group = codec_for(self.default).spec.group_size
             if group is not None:
                 body["group_size"] = group
         producer = self.producer or {"name": "b12x-formats", "version": __version__}
-        return {"quant_method": "modelopt", **body, "kv_cache_quant_algo": self.kv_cache_quant_algo, "producer": producer}
+        return {
+            "quant_method": "modelopt",
+            **body,
+            "kv_cache_quant_algo": self.kv_cache_quant_algo,
+            "producer": producer,
+        }
 
     def to_hf_quant_config(self) -> dict:
         """The legacy `hf_quant_config.json` form of the same config."""

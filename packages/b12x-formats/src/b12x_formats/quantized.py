@@ -52,10 +52,14 @@ class QuantizedWeight:
         arrays = {name: to_numpy(value) for name, value in tensors.items()}
         unknown = sorted(set(arrays) - set(spec.tensor_names))
         if unknown:
-            raise ValueError(f"{spec.name}: unexpected tensor(s) {unknown}; {spec.name} stores {list(spec.tensor_names)}")
+            raise ValueError(
+                f"{spec.name}: unexpected tensor(s) {unknown}; {spec.name} stores {list(spec.tensor_names)}"
+            )
         missing = [n for n in spec.required_tensors if n not in arrays]
         if missing:
-            raise ValueError(f"{spec.name}: missing tensor(s) {missing}; {spec.name} requires {list(spec.required_tensors)}")
+            raise ValueError(
+                f"{spec.name}: missing tensor(s) {missing}; {spec.name} requires {list(spec.required_tensors)}"
+            )
         for tspec in spec.tensors:
             if tspec.name in arrays and dtype_name(arrays[tspec.name].dtype) != tspec.dtype:
                 a = arrays[tspec.name]

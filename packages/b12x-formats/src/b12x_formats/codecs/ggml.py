@@ -113,7 +113,9 @@ class _IQ2(_GGMLBlocks):
 
 class IQ2_XXS(_IQ2):
     spec = _ggml_spec(
-        "IQ2_XXS", 256, 66,
+        "IQ2_XXS",
+        256,
+        66,
         "fp16 d; 8 sub-blocks of (u32 grid bytes, u32 sign indices + 4-bit scale); db = d*(0.5+s)/4",
     )
     grid = staticmethod(tables.iq2xxs_grid)
@@ -133,12 +135,16 @@ class IQ2_XXS(_IQ2):
         signs = found.sign_idx.astype(np.uint32).reshape(b, 8, 4) << (7 * np.arange(4, dtype=np.uint32))
         aux1 = signs.sum(axis=-1, dtype=np.uint32) | (found.scale.astype(np.uint32).reshape(b, 8) << 28)
         qs = np.stack([grid_bytes[..., 0], aux1], axis=-1).astype("<u4")
-        return np.concatenate([found.d.astype(np.float16).view(np.uint8).reshape(b, 2), qs.view(np.uint8).reshape(b, 64)], axis=1)
+        return np.concatenate(
+            [found.d.astype(np.float16).view(np.uint8).reshape(b, 2), qs.view(np.uint8).reshape(b, 64)], axis=1
+        )
 
 
 class IQ2_XS(_IQ2):
     spec = _ggml_spec(
-        "IQ2_XS", 256, 74,
+        "IQ2_XS",
+        256,
+        74,
         "fp16 d; 32 u16 (9-bit grid index, 7-bit sign index); 8 scale bytes (two 4-bit scales each)",
     )
     grid = staticmethod(tables.iq2xs_grid)
@@ -155,4 +161,6 @@ class IQ2_XS(_IQ2):
         qs = (found.grid_idx.astype(np.uint16) | (found.sign_idx.astype(np.uint16) << 9)).astype("<u2")
         nib = found.scale.astype(np.uint8).reshape(b, 8, 2)
         scales = nib[..., 0] | (nib[..., 1] << 4)
-        return np.concatenate([found.d.astype(np.float16).view(np.uint8).reshape(b, 2), qs.view(np.uint8), scales], axis=1)
+        return np.concatenate(
+            [found.d.astype(np.float16).view(np.uint8).reshape(b, 2), qs.view(np.uint8), scales], axis=1
+        )

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..elements import E2M1_MAX, E4M3_MAX, decode_e2m1, decode_e4m3, encode_e2m1, encode_e4m3, pack_nibbles, unpack_nibbles
+from ..elements import (
+    E2M1_MAX,
+    E4M3_MAX,
+    decode_e2m1,
+    decode_e4m3,
+    encode_e2m1,
+    encode_e4m3,
+    pack_nibbles,
+    unpack_nibbles,
+)
 from ..spec import PER_TENSOR, Codec, FormatSpec, TensorSpec, per_tensor, repeat_groups
 from ._checks import reject_e4m3_nan, require_finite
 
