@@ -28,6 +28,7 @@ class TinyModel:
     # gguf tensor-name suffix (e.g. "attn_q") -> type; unlisted 2-D tensors are F16, norms F32
     types: dict[str, Q] = field(default_factory=dict)
     tie_embeddings: bool = False
+    metadata_intermediate: int | None = None  # write a wrong feed_forward_length (metadata/tensor mismatch)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -76,7 +77,7 @@ def write_tiny_gguf(path: Path, model: TinyModel, seed: int = 0) -> dict[str, np
     w.add_context_length(256)
     w.add_embedding_length(m.hidden)
     w.add_block_count(m.layers)
-    w.add_feed_forward_length(m.intermediate)
+    w.add_feed_forward_length(m.metadata_intermediate or m.intermediate)
     w.add_head_count(m.heads)
     w.add_head_count_kv(m.kv_heads)
     w.add_layer_norm_rms_eps(1e-6)

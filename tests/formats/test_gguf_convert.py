@@ -22,10 +22,12 @@ TYPES = {
 }  # fmt: skip
 
 
-def reference_state(gguf_path):
-    """What transformers itself loads from the GGUF (dequantized, float32), keyed by HF name."""
+def reference_state(gguf_path, config_dir):
+    """What transformers itself loads from the GGUF (dequantized, float32), keyed by HF name. The config is the
+    converted one: transformers' GGUF config tables miss head_dim / expert width for some versions."""
+    config = transformers.AutoConfig.from_pretrained(str(config_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        str(gguf_path.parent), gguf_file=gguf_path.name, config=config, dtype=torch.float32
     )
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
@@ -55,10 +57,11 @@ def test_convert_matches_transformers(tmp_path, arch):
     config = json.loads((out / "config.json").read_text())
     model_type = {"qwen3moe": "qwen3_moe"}.get(arch, arch)
     assert config["model_type"] == model_type and config["hidden_size"] == 256 and config["num_hidden_layers"] == 2
+    assert config["head_dim"] == 64 and config["num_key_value_heads"] == 2 and config["intermediate_size"] == 512
     if arch == "qwen3moe":
         assert config["moe_intermediate_size"] == 256 and config["num_experts_per_tok"] == 2
 
-    ref = reference_state(src)
+    ref = reference_state(src, out)
     layers = ck.quantized_layers()
     passthrough = {
         n
@@ -117,6 +120,14 @@ def test_convert_rejects_bad_blocks_and_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="Q8_0: tensor 'weight' .*non-finite block scale d"):
         bf.gguf_convert.convert_gguf(src, tmp_path / "out")
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_convert_checks_tensors_against_the_config(tmp_path):
+    src = tmp_path / "lying.gguf"
+    write_tiny_gguf(src, TinyModel("qwen3", types=TYPES, metadata_intermediate=384))
+    with pytest.raises(ValueError, match=r"'blk.0.ffn_gate.weight' holds \[512, 256\] per module, but the model config implies \[384, 256\]"):
+        bf.gguf_convert.convert_gguf(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_convert_rejects_unsupported_architecture(tmp_path, capsys):

@@ -24,6 +24,10 @@ from .modelopt import QuantizationConfig
 from .quantized import QuantizedWeight
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+# GGUF facts that transformers' GGUF config tables miss for some architectures and versions
+# (5.24 drops qwen3's head_dim; no version maps qwen3moe's expert width). Every written tensor is
+# also checked against the shapes the resulting config implies, so a gap never goes unnoticed.
+CONFIG_FROM_GGUF = {"attention.key_length": "head_dim", "expert_feed_forward_length": "moe_intermediate_size"}
 PASSTHROUGH = ("IQ2_XS", "IQ2_XXS", "Q8_0")
 _EXPERTS = re.compile(r"blk\.(?P<bid>\d+)\.ffn_(?P<proj>gate|up|down)_exps\.weight")
 
@@ -54,11 +58,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
 
     where = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
     config = AutoConfig.from_pretrained(**where)
-    expert_ff = _field(reader, f"{arch}.expert_feed_forward_length", None)
-    if expert_ff is not None:  # transformers' GGUF config table leaves this out for qwen3moe
-        config.moe_intermediate_size = int(expert_ff)
+    for key, attr in CONFIG_FROM_GGUF.items():
+        value = _field(reader, f"{arch}.{key}", None)
+        if value is not None:
+            setattr(config, attr, int(value))
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
+    shapes = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
     config.architectures = [type(skeleton).__name__]
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
     names = get_gguf_hf_weights_map(skeleton, processor)
@@ -77,20 +83,26 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                 targets = [names[t.name]]
             else:
                 raise ValueError(f"{gguf_path.name}: no Hugging Face name for GGUF tensor {t.name!r}")
-            if qtype.name in PASSTHROUGH:
+            passthrough = qtype.name in PASSTHROUGH
+            if passthrough:
                 rows = np.asarray(t.data)
-                bs, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                nbytes = gguf.GGML_QUANT_SIZES[qtype][1]
                 blocks = rows.reshape(*rows.shape[:-1], rows.shape[-1] // nbytes, nbytes)
                 data = blocks if experts else processor.process(blocks, t.name).weights
             else:
                 values = gguf.quants.dequantize(np.asarray(t.data), qtype)
                 data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
-            parts = data if experts else [data]
-            for hf_name, part in zip(targets, parts, strict=True):
-                if qtype.name in PASSTHROUGH:
-                    prefix = hf_name.removesuffix(".weight")
-                    QuantizedWeight.from_tensors(qtype.name, {"weight": part})  # rejects non-finite d
-                    quantized[prefix] = qtype.name
+            expected = _expected_shape(shapes, targets[0], experts)
+            for hf_name, part in zip(targets, data if experts else [data], strict=True):
+                # from_tensors also rejects non-finite block scales d
+                logical = QuantizedWeight.from_tensors(qtype.name, {"weight": part}).shape if passthrough else part.shape
+                if expected is not None and tuple(logical) != expected:
+                    raise ValueError(
+                        f"{gguf_path.name}: GGUF tensor {t.name!r} holds {list(logical)} per module, but the model "
+                        f"config implies {list(expected)} for {hf_name!r}"
+                    )
+                if passthrough:
+                    quantized[hf_name.removesuffix(".weight")] = qtype.name
                 yield hf_name, part
 
     total = sum(t.data.shape[0] if _EXPERTS.fullmatch(t.name) else 1 for t in reader.tensors)
@@ -104,6 +116,18 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
         return save_checkpoint(
             out_dir, tensors(), cfg, quant, extra_files=extra, total=total, overwrite=overwrite, desc="converting"
         )
+
+
+def _expected_shape(shapes: dict, hf_name: str, experts) -> tuple | None:
+    """The shape transformers' model gives `hf_name`; per-expert names are sliced out of its fused parameters."""
+    if not experts:
+        return shapes.get(hf_name)
+    fused_prefix = hf_name.split(".experts.")[0] + ".experts"
+    if experts["proj"] == "down":
+        fused = shapes.get(f"{fused_prefix}.down_proj")
+        return None if fused is None else fused[1:]
+    fused = shapes.get(f"{fused_prefix}.gate_up_proj")
+    return None if fused is None else (fused[1] // 2, fused[2])
 
 
 def _field(reader, key: str, default=...):
