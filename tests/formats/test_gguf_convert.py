@@ -125,7 +125,10 @@ def test_convert_rejects_bad_blocks_and_leaves_nothing(tmp_path):
 def test_convert_checks_tensors_against_the_config(tmp_path):
     src = tmp_path / "lying.gguf"
     write_tiny_gguf(src, TinyModel("qwen3", types=TYPES, metadata_intermediate=384))
-    with pytest.raises(ValueError, match=r"'blk.0.ffn_gate.weight' holds \[512, 256\] per module, but the model config implies \[384, 256\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"'blk.0.ffn_gate.weight' holds \[512, 256\] per module, but the model config implies \[384, 256\]",
+    ):
         bf.gguf_convert.convert_gguf(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

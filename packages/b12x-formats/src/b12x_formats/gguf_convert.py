@@ -95,7 +95,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
             expected = _expected_shape(shapes, targets[0], experts)
             for hf_name, part in zip(targets, data if experts else [data], strict=True):
                 # from_tensors also rejects non-finite block scales d
-                logical = QuantizedWeight.from_tensors(qtype.name, {"weight": part}).shape if passthrough else part.shape
+                logical = QuantizedWeight.from_tensors(qtype.name, {"weight": part}).shape if passthrough else None
+                logical = logical or part.shape
                 if expected is not None and tuple(logical) != expected:
                     raise ValueError(
                         f"{gguf_path.name}: GGUF tensor {t.name!r} holds {list(logical)} per module, but the model "
