@@ -94,9 +94,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                 data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
             expected = _expected_shape(shapes, targets[0], experts)
             for hf_name, part in zip(targets, data if experts else [data], strict=True):
-                # from_tensors also rejects non-finite block scales d
-                logical = QuantizedWeight.from_tensors(qtype.name, {"weight": part}).shape if passthrough else None
-                logical = logical or part.shape
+                if passthrough:  # from_tensors also rejects non-finite block scales d
+                    logical = QuantizedWeight.from_tensors(qtype.name, {"weight": part}).shape
+                else:
+                    logical = part.shape
                 if expected is not None and tuple(logical) != expected:
                     raise ValueError(
                         f"{gguf_path.name}: GGUF tensor {t.name!r} holds {list(logical)} per module, but the model "
