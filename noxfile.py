@@ -44,6 +44,7 @@ def gpu(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session

@@ -51,7 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     lib = ctypes.CDLL(args.libggml) if args.libggml else None
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.rows}x{args.cols} Gaussian")
-    print(f"{'format':<8} {'seed':>4} {'b12x rel MSE':>13} {'b12x s':>7} {'llama.cpp rel MSE':>18} {'llama.cpp s':>12} {'ratio':>6}")
+    header = f"{'format':<8} {'seed':>4} {'b12x rel MSE':>13} {'b12x s':>7}"
+    print(header + (f" {'llama.cpp rel MSE':>18} {'llama.cpp s':>12} {'ratio':>6}" if lib else ""))
     for fmt in ("IQ2_XXS", "IQ2_XS"):
         for seed in range(args.seeds):
             w = np.random.default_rng(seed).standard_normal((args.rows, args.cols)).astype(np.float32)

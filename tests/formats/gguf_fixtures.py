@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import b12x_formats as bf
 import gguf
 import numpy as np
+
+import b12x_formats as bf
 
 Q = gguf.GGMLQuantizationType
 

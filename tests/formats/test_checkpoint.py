@@ -4,10 +4,11 @@ import hashlib
 import json
 from pathlib import Path
 
-import b12x_formats as bf
 import ml_dtypes
 import numpy as np
 import pytest
+
+import b12x_formats as bf
 from b12x_formats import checkpoint
 from b12x_formats.checkpoint import Checkpoint, save_checkpoint
 from b12x_formats.cli import main

@@ -1,11 +1,12 @@
 """Dequantization is exact: GGML codecs bit-identical to gguf.quants.dequantize, the others to ml_dtypes."""
 
-import b12x_formats as bf
 import gguf
 import ml_dtypes
 import numpy as np
 import pytest
 from oracles import decode
+
+import b12x_formats as bf
 
 GGML = ["IQ2_XS", "IQ2_XXS", "Q8_0"]
 

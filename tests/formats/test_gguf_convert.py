@@ -3,14 +3,15 @@
 import hashlib
 import json
 
-import b12x_formats as bf
 import gguf
 import ml_dtypes
 import numpy as np
 import pytest
+from gguf_fixtures import Q, TinyModel, write_tiny_gguf
+
+import b12x_formats as bf
 from b12x_formats.checkpoint import Checkpoint
 from b12x_formats.cli import main
-from gguf_fixtures import Q, TinyModel, write_tiny_gguf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

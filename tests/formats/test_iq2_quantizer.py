@@ -1,9 +1,10 @@
 """The IQ2 grid-search quantizer: valid blocks, quality against llama.cpp's quantizer, importance."""
 
-import b12x_formats as bf
 import gguf
 import numpy as np
 import pytest
+
+import b12x_formats as bf
 
 # llama.cpp's own quantizer (ggml_quantize_chunk, all-ones importance) on 512x4096 Gaussian matrices:
 # relative MSE sum((w - w')^2) / sum(w^2), measured as described in docs/formats.md.

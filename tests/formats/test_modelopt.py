@@ -1,7 +1,8 @@
 """ModelOpt quantization configs: entries, both config forms, fused shards, experts, errors."""
 
-import b12x_formats as bf
 import pytest
+
+import b12x_formats as bf
 from b12x_formats.modelopt import QuantizationConfig, parse_quantization_config
 
 GGML_ENTRIES = {

@@ -1,11 +1,12 @@
 """Quantizers follow their producers' rules, checked against independent implementations."""
 
-import b12x_formats as bf
 import gguf
 import numpy as np
 import pytest
 import torch
 from producers import e2m1_codes, floor_log2, pack, smallest_pow2_exponent_at_least, torch_e4m3_bytes
+
+import b12x_formats as bf
 
 
 def as_bytes(a):

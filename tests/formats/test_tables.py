@@ -3,6 +3,7 @@
 import gguf.quants as gq
 import ml_dtypes
 import numpy as np
+
 from b12x_formats import tables
 
 

@@ -1,9 +1,10 @@
 """Bad input raises ValueError naming the tensor, its shape and the rule it breaks."""
 
-import b12x_formats as bf
 import ml_dtypes
 import numpy as np
 import pytest
+
+import b12x_formats as bf
 
 
 def valid(fmt, rng, lead=(), n=32, k=256):
