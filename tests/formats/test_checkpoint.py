@@ -149,3 +149,20 @@ def test_checkpoint_rejects_corrupt_quantized_layer(tmp_path, rng):
     save_checkpoint(tmp_path / "ck", [("m.proj.weight", blocks)], {}, quant)
     with pytest.raises(ValueError, match=r"module 'm.proj': IQ2_XXS: tensor 'weight' .*non-finite block scale d"):
         Checkpoint(tmp_path / "ck").quantized_weight("m.proj")
+
+
+def test_quantize_plan_leaves_norms_biases_routers_embeddings_alone():
+    from b12x_formats.hf_quantize import QuantizePlan
+
+    plan = QuantizePlan.from_cli("IQ2_XS", ["model.embed_tokens=Q8_0", "*.mlp.gate=Q8_0"], ["*.o_proj"])
+    assert plan.format_for("model.layers.0.mlp.experts.3.up_proj", (512, 256)) == "IQ2_XS"
+    assert plan.format_for("model.layers.0.mlp.shared_expert.down_proj", (256, 512)) == "IQ2_XS"
+    assert plan.format_for("model.layers.0.self_attn.o_proj", (256, 256)) is None  # --keep
+    assert plan.format_for("model.embed_tokens", (512, 256)) == "Q8_0"  # only when a --layer names it
+    assert plan.format_for("lm_head", (512, 256)) is None
+    assert plan.format_for("model.layers.1.mlp.gate", (8, 256)) == "Q8_0"  # named: the rule wins
+    bare = QuantizePlan.from_cli("Q8_0", [], [])
+    assert bare.format_for("model.layers.1.mlp.gate", (8, 256)) is None  # MoE router
+    assert bare.format_for("model.layers.1.mlp.shared_expert_gate", (1, 256)) is None
+    assert bare.format_for("model.layers.1.post_attention_layernorm", (256, 256)) is None  # norms never
+    assert bare.format_for("model.layers.1.self_attn.q_proj", (256,)) is None  # 1-D (biases are never .weight)
