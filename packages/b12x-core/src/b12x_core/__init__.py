@@ -1,7 +1,32 @@
-"""b12x torch ops, prepare/run lifecycle and the exact CPU reference (ops land with their issue)."""
+"""b12x torch ops: prepare/run lifecycle, dispatch and the exact CPU reference.
+
+`import b12x_core` registers torch.ops.b12x.{linear, moe, embedding, route_topk}.
+"""
+
+from . import ops  # noqa: F401  (registers torch.ops.b12x.*)
+from .activations import quantize_activation
+from .capabilities import capabilities, explain
+from .embedding import PreparedEmbedding, embedding, prepare_embedding
+from .errors import UnsupportedError
+from .linear import PreparedLinear, linear, prepare_linear
+from .moe import PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
 
 __version__ = "0.1.0"
 
-
-class UnsupportedError(ValueError):
-    """An unsupported format × activation × device combination, shape beyond max_tokens, or wrong K."""
+__all__ = [
+    "PreparedEmbedding",
+    "PreparedLinear",
+    "PreparedMoE",
+    "UnsupportedError",
+    "capabilities",
+    "embedding",
+    "explain",
+    "linear",
+    "moe",
+    "prepare_embedding",
+    "prepare_linear",
+    "prepare_moe",
+    "quantize_activation",
+    "route_topk",
+    "shard_moe_weights",
+]

@@ -6,10 +6,22 @@ numpy-only at import time; torch tensors are accepted wherever arrays are.
 from . import modelopt
 from .api import dequantize, formats, quantize, spec
 from .quantized import QuantizedWeight
+from .slicing import concat_rows, slice_weight
 from .spec import FormatSpec, TensorSpec
 
 __version__ = "0.1.0"
 
 FORMATS = formats()
 
-__all__ = ["FORMATS", "FormatSpec", "QuantizedWeight", "TensorSpec", "dequantize", "modelopt", "quantize", "spec"]
+__all__ = [
+    "FORMATS",
+    "FormatSpec",
+    "QuantizedWeight",
+    "TensorSpec",
+    "concat_rows",
+    "dequantize",
+    "modelopt",
+    "quantize",
+    "slice_weight",
+    "spec",
+]

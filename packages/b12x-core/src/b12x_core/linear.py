@@ -1,0 +1,112 @@
+"""Dense linear layers: `prepare_linear` once, `linear` per call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import b12x_formats as bf
+
+from . import _registry
+from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
+from .activations import quantize_activation
+from .dispatch import Query, choose
+from .errors import UnsupportedError
+
+DEFAULT_MAX_TOKENS = 8192
+
+
+def activation_mode(fmt: str, activation: str, has_input_scale: bool) -> str:
+    """The activation quantization a format × activation pair runs with (see activations.py)."""
+    spec = bf.spec(fmt)
+    if activation not in spec.activations:
+        raise UnsupportedError(f"{spec.name} weights run with activations {list(spec.activations)}, not {activation!r}")
+    if activation == "bf16" or activation == "mxfp8":
+        return activation
+    if activation == "fp8":
+        if spec.name == "FP8_BLOCK":
+            return "fp8_group128"
+        return "fp8_static" if has_input_scale else "fp8_token"
+    if activation == "nvfp4":
+        if not has_input_scale:
+            raise UnsupportedError(f"{spec.name} with nvfp4 activations needs the checkpoint's input_scale")
+        return "nvfp4"
+    raise UnsupportedError(f"{spec.name}: unknown activation {activation!r}")
+
+
+def input_scale_of(qw: bf.QuantizedWeight) -> float | None:
+    """The per-tensor activation scale; expert stacks share the largest, as one activation quantization
+    feeds every expert."""
+    scale = qw.tensors.get("input_scale")
+    return None if scale is None else float(np.max(scale))
+
+
+@dataclass(eq=False)
+class PreparedLinear:
+    format: str
+    activation: str  # as requested: bf16 | fp8 | mxfp8 | nvfp4
+    act_mode: str  # the exact activation quantization (activations.MODES)
+    n: int
+    k: int
+    max_tokens: int
+    device: torch.device
+    path: str
+    weight: torch.Tensor = field(repr=False)  # reference: float32 [N, K], exactly dequantized
+    input_scale: float | None = None
+    query: Query | None = None  # what dispatch was asked (explain() replays it)
+    handle: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PreparedLinear({self.format} × {self.activation} [{self.act_mode}], N={self.n}, K={self.k}, "
+            f"max_tokens={self.max_tokens}, {self.device}, path={self.path})"
+        )
+
+
+def prepare_linear(
+    qw: bf.QuantizedWeight,
+    device="cpu",
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    activation: str = "bf16",
+    path: str = "auto",
+) -> PreparedLinear:
+    """Validate `qw`, choose the implementation for (format, activation, device) and upload what it needs."""
+    refuse_during_capture("prepare_linear")
+    if not isinstance(qw, bf.QuantizedWeight):
+        raise ValueError(f"prepare_linear takes a b12x_formats.QuantizedWeight, got {type(qw).__name__}")
+    if len(qw.shape) != 2:
+        raise UnsupportedError(f"{qw.format}: linear weights are [N, K], got {list(qw.shape)}")
+    check_positive("max_tokens", max_tokens)
+    device = resolve_device(device)
+    scale = input_scale_of(qw)
+    mode = activation_mode(qw.format, activation, scale is not None)
+    query = Query("linear", qw.format, activation, device, path)
+    chosen = choose(query)
+    weight = torch.from_numpy(bf.dequantize(qw)).to(device)
+    n, k = qw.shape
+    lin = PreparedLinear(qw.format, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
+    lin.query, lin.handle = query, _registry.register(lin)
+    return lin
+
+
+def linear(x: torch.Tensor, lin: PreparedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [..., K] -> bf16 [..., N]; the same as torch.ops.b12x.linear."""
+    check_tensor("x", x, dtype=torch.bfloat16, device=lin.device)
+    if x.dim() == 0 or x.shape[-1] != lin.k:
+        raise UnsupportedError(f"x {list(x.shape)}: last dim must be K={lin.k} of the {lin.format} weight")
+    check_tokens("x", x.numel() // lin.k, lin.max_tokens)
+    if bias is not None:
+        check_tensor("bias", bias, dtype=(torch.bfloat16, torch.float32), device=lin.device, ndim=1)
+        if bias.shape[0] != lin.n:
+            raise ValueError(f"bias {list(bias.shape)} must have N={lin.n} entries")
+    return torch.ops.b12x.linear(x, lin.handle, bias)
+
+
+def linear_reference(x: torch.Tensor, lin: PreparedLinear, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, lin.k)
+    y = quantize_activation(x2, lin.act_mode, lin.input_scale) @ lin.weight.T
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(torch.bfloat16).reshape(*x.shape[:-1], lin.n)

@@ -1,0 +1,218 @@
+"""Fused MoE (tensor-parallel only): `route_topk`, `prepare_moe` once, `moe` per call, and the TP shard helper.
+
+Semantics (the kernels follow the same): the first GEMM's input is x quantized per `act_format`; gated SiLU
+is silu(gate) · up (rows of w13 in `w13_order`), non-gated ReLU² is relu(h)²; the intermediate is rounded to
+bf16 (kernels store it so) and quantized again for the second GEMM; each expert's output is scaled by its
+router weight and summed over the top-k experts in float32, in ascending expert order; one bf16 rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import b12x_formats as bf
+
+from . import _registry
+from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
+from .activations import quantize_activation
+from .dispatch import Query, choose
+from .errors import UnsupportedError
+from .linear import DEFAULT_MAX_TOKENS, activation_mode, input_scale_of
+
+# Weight formats of fused MoE and the activation formats each runs with.
+MOE_FORMATS = {
+    "MXFP4": ("bf16", "mxfp8"),
+    "NVFP4": ("bf16", "nvfp4", "mxfp8"),
+    "W4A16_NVFP4": ("bf16",),
+    "IQ2_XS": ("bf16",),
+    "IQ2_XXS": ("bf16",),
+    "Q8_0": ("bf16",),
+}
+ACTIVATIONS = ("silu", "relu2")
+W13_ORDERS = ("gate_up", "up_gate")
+
+
+def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts, the top_k largest (ties → lower expert id); fp32 weights (summing to 1 when
+    `renormalize`), int32 ids. Same as torch.ops.b12x.route_topk."""
+    check_tensor("router_logits", router_logits, ndim=2)
+    if not 1 <= top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k={top_k} must be in 1..{router_logits.shape[1]} (the number of experts)")
+    return torch.ops.b12x.route_topk(router_logits, top_k, renormalize)
+
+
+def route_topk_reference(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = torch.softmax(logits.to(torch.float32), dim=-1)
+    # a stable descending sort keeps the lower id first among equal probabilities
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.contiguous(), ids.to(torch.int32).contiguous()
+
+
+@dataclass(eq=False)
+class PreparedMoE:
+    w13_format: str
+    w2_format: str
+    activation: str
+    w13_order: str
+    act_format: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    max_tokens: int
+    device: torch.device
+    path: str
+    w13: torch.Tensor = field(repr=False)  # float32 [E, 2I or I, H]
+    w2: torch.Tensor = field(repr=False)  # float32 [E, H, I]
+    act_mode_13: str = "bf16"
+    act_mode_2: str = "bf16"
+    input_scale_13: float | None = None
+    input_scale_2: float | None = None
+    query: Query | None = None
+    handle: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PreparedMoE(w13 {self.w13_format}, w2 {self.w2_format} × {self.act_format}, {self.activation}, "
+            f"E={self.experts}, H={self.hidden}, I={self.intermediate}, top_k={self.top_k}, "
+            f"max_tokens={self.max_tokens}, {self.device}, path={self.path})"
+        )
+
+
+def prepare_moe(
+    w13: bf.QuantizedWeight,
+    w2: bf.QuantizedWeight,
+    activation: str = "silu",
+    w13_order: str = "gate_up",
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    top_k: int = 1,
+    device="cpu",
+    act_format: str = "bf16",
+    path: str = "auto",
+    expert_map=None,
+) -> PreparedMoE:
+    """w13: [E, 2I, H] (gated SiLU) or [E, I, H] (ReLU²); w2: [E, H, I]."""
+    refuse_during_capture("prepare_moe")
+    if expert_map is not None:
+        raise UnsupportedError(
+            "expert parallelism / expert maps are not supported: b12x shards MoE by tensor parallelism"
+        )
+    if activation not in ACTIVATIONS:
+        raise UnsupportedError(f"MoE activation {activation!r} is not supported; supported: {ACTIVATIONS}")
+    if w13_order not in W13_ORDERS:
+        raise ValueError(f"w13_order must be one of {W13_ORDERS}, got {w13_order!r}")
+    check_positive("max_tokens", max_tokens)
+    for name, qw in (("w13", w13), ("w2", w2)):
+        if not isinstance(qw, bf.QuantizedWeight) or len(qw.shape) != 3:
+            raise UnsupportedError(f"{name} must be a QuantizedWeight [E, N, K] with a leading expert dim")
+        if qw.format not in MOE_FORMATS:
+            raise UnsupportedError(f"{name}: {qw.format} is not a fused-MoE format; supported: {list(MOE_FORMATS)}")
+        if act_format not in MOE_FORMATS[qw.format]:
+            raise UnsupportedError(
+                f"{name}: {qw.format} MoE runs with act_format {list(MOE_FORMATS[qw.format])}, not {act_format!r}"
+            )
+    experts, hidden, inter = w2.shape
+    rows = 2 * inter if activation == "silu" else inter
+    if tuple(w13.shape) != (experts, rows, hidden):
+        raise UnsupportedError(
+            f"w13 {list(w13.shape)} does not match w2 {list(w2.shape)}: {activation} needs w13 [E={experts}, "
+            f"{rows}, H={hidden}]"
+        )
+    check_positive("top_k", top_k)
+    if top_k > experts:
+        raise ValueError(f"top_k={top_k} exceeds the number of experts {experts}")
+    device = resolve_device(device)
+    s13, s2 = input_scale_of(w13), input_scale_of(w2)
+    query = Query("moe", f"{w13.format}/{w2.format}", act_format, device, path)
+    chosen = choose(query)
+    moe = PreparedMoE(
+        w13_format=w13.format,
+        w2_format=w2.format,
+        activation=activation,
+        w13_order=w13_order,
+        act_format=act_format,
+        experts=experts,
+        hidden=hidden,
+        intermediate=inter,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        device=device,
+        path=chosen,
+        w13=torch.from_numpy(bf.dequantize(w13)).to(device),
+        w2=torch.from_numpy(bf.dequantize(w2)).to(device),
+        act_mode_13=activation_mode(w13.format, act_format, s13 is not None),
+        act_mode_2=activation_mode(w2.format, act_format, s2 is not None),
+        input_scale_13=s13,
+        input_scale_2=s2,
+    )
+    moe.query, moe.handle = query, _registry.register(moe)
+    return moe
+
+
+def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedMoE) -> torch.Tensor:
+    """x bf16 [T, H], topk_weights fp32 [T, k], topk_ids int32/int64 [T, k] -> bf16 [T, H]."""
+    p = prepared
+    check_tensor("x", x, dtype=torch.bfloat16, device=p.device, ndim=2)
+    if x.shape[1] != p.hidden:
+        raise UnsupportedError(f"x {list(x.shape)}: hidden size must be H={p.hidden}")
+    check_tokens("x", x.shape[0], p.max_tokens)
+    check_tensor("topk_weights", topk_weights, dtype=torch.float32, device=p.device, ndim=2)
+    check_tensor("topk_ids", topk_ids, dtype=(torch.int32, torch.int64), device=p.device, ndim=2)
+    expected = (x.shape[0], p.top_k)
+    if tuple(topk_ids.shape) != expected or tuple(topk_weights.shape) != expected:
+        raise ValueError(
+            f"topk_ids {list(topk_ids.shape)} and topk_weights {list(topk_weights.shape)} must be [T, top_k] = "
+            f"{list(expected)}"
+        )
+    return torch.ops.b12x.moe(x, topk_weights, topk_ids, p.handle)
+
+
+def _expert_activation(h: torch.Tensor, p: PreparedMoE) -> torch.Tensor:
+    if p.activation == "relu2":
+        return torch.relu(h).square()
+    first, second = h[:, : p.intermediate], h[:, p.intermediate :]
+    gate, up = (first, second) if p.w13_order == "gate_up" else (second, first)
+    return torch.nn.functional.silu(gate) * up
+
+
+def moe_reference(x, topk_weights, topk_ids, p: PreparedMoE) -> torch.Tensor:
+    ids = topk_ids.to(torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= p.experts):
+        raise ValueError(f"topk_ids must lie in [0, {p.experts}), got [{int(ids.min())}, {int(ids.max())}]")
+    xq = quantize_activation(x, p.act_mode_13, p.input_scale_13)
+    y = torch.zeros(x.shape[0], p.hidden, dtype=torch.float32, device=x.device)
+    for e in range(p.experts):  # ascending expert order: a fixed summation order, so bit-reproducible
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        if tokens.numel() == 0:
+            continue
+        h = xq[tokens] @ p.w13[e].T
+        a = _expert_activation(h, p).to(torch.bfloat16)
+        out = quantize_activation(a, p.act_mode_2, p.input_scale_2) @ p.w2[e].T
+        y.index_add_(0, tokens, out * topk_weights[tokens, slots, None])
+    return y.to(torch.bfloat16)
+
+
+def shard_moe_weights(
+    w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, rank: int, world_size: int, activation: str = "silu"
+) -> tuple[bf.QuantizedWeight, bf.QuantizedWeight]:
+    """Rank `rank`'s slice of the intermediate dimension: w13 rows (each of gate and up when gated) and w2
+    columns, on whole quantization blocks. Summing the ranks' `moe` outputs gives the unsharded output (the
+    all-reduce of tensor parallelism). Raises ValueError when I / world_size does not fall on block bounds."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+    inter = w2.shape[-1]
+    if inter % world_size:
+        raise ValueError(f"intermediate size {inter} does not divide into {world_size} ranks")
+    lo, hi = rank * inter // world_size, (rank + 1) * inter // world_size
+    w2_r = bf.slice_weight(w2, cols=(lo, hi))
+    if activation == "silu":
+        halves = [bf.slice_weight(w13, rows=(lo + off, hi + off)) for off in (0, inter)]
+        w13_r = bf.concat_rows(halves)
+    else:
+        w13_r = bf.slice_weight(w13, rows=(lo, hi))
+    return w13_r, w2_r
