@@ -1,4 +1,4 @@
-"""The examples in docs/formats.md run as written."""
+"""The examples in docs/*.md run as written."""
 
 import doctest
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-@pytest.mark.parametrize("page", ["formats.md"])
+@pytest.mark.parametrize("page", ["formats.md", "api.md"])
 def test_doc_examples(page):
     pytest.importorskip("torch")
     result = doctest.testfile(
