@@ -97,13 +97,15 @@ def test_tensor_parallel_shards_sum_to_unsharded(rng, fmt, act_format):
     x = torch.from_numpy(rng.standard_normal((t, h)).astype(np.float32)).to(torch.bfloat16)
     weights, ids = bc.route_topk(torch.randn(t, e), top_k)
     full = bc.moe(x, weights, ids, bc.prepare_moe(w13, w2, top_k=top_k, act_format=act_format)).float()
-    total = torch.zeros_like(full)
+    outs = []
     for rank in range(2):
         w13_r, w2_r = bc.shard_moe_weights(w13, w2, rank, 2)
         assert w13_r.shape == (e, inter, h) and w2_r.shape == (e, h, inter // 2)
-        total += bc.moe(x, weights, ids, bc.prepare_moe(w13_r, w2_r, top_k=top_k, act_format=act_format)).float()
-    rms = full.square().mean().sqrt()
-    assert ((total - full).abs() <= 2**-7 * full.abs() + 2**-7 * rms).all()
+        outs.append(bc.moe(x, weights, ids, bc.prepare_moe(w13_r, w2_r, top_k=top_k, act_format=act_format)).float())
+    # three bf16 roundings (each rank, the unsharded result): half an ulp = 2^-9 relative each, doubled for
+    # float32 reassociation; the sharded halves see exactly the same activation groups
+    bound = 2**-8 * (outs[0].abs() + outs[1].abs() + full.abs())
+    assert ((outs[0] + outs[1] - full).abs() <= bound).all()
 
 
 def test_shard_refuses_partial_blocks(rng):
