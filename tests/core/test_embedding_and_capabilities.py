@@ -46,3 +46,17 @@ def test_capabilities_cpu_lists_everything_as_reference():
 def test_ops_are_registered():
     for name in ("linear", "moe", "embedding", "route_topk"):
         assert hasattr(torch.ops.b12x, name)
+
+
+def test_dispatch_choice_is_logged_once(rng, caplog):
+    import logging
+
+    from b12x_core import dispatch
+
+    dispatch._logged.clear()
+    qw = bf.quantize(rng.standard_normal((8, 64)).astype(np.float32), "Q8_0")
+    with caplog.at_level(logging.INFO, logger="b12x_core"):
+        bc.prepare_linear(qw, max_tokens=3)  # max_tokens does not change the choice: one line
+        bc.prepare_linear(qw, max_tokens=5)
+    lines = [r.getMessage() for r in caplog.records if "linear Q8_0 × bf16" in r.getMessage()]
+    assert len(lines) == 1 and "-> reference" in lines[0]

@@ -7,6 +7,7 @@ silently falls back to a slow path on the GPU.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ def _reference(q: Query) -> tuple[bool, str]:
 
 CANDIDATES: tuple[Candidate, ...] = (Candidate("reference", _reference),)
 
+logger = logging.getLogger("b12x_core")
+_logged: set[Query] = set()
+
 
 def reasons(q: Query) -> list[tuple[str, bool, str]]:
     return [(c.name, *c.check(q)) for c in CANDIDATES]
@@ -49,8 +53,11 @@ def choose(q: Query) -> str:
     if q.path not in ("auto", "reference"):
         raise ValueError(f"path must be 'auto' or 'reference', got {q.path!r}")
     rows = reasons(q)
-    for name, ok, _ in rows:
+    for name, ok, why in rows:
         if ok:
+            if q not in _logged:  # once per distinct (op, format, activation, device, path)
+                _logged.add(q)
+                logger.info("b12x: %s %s × %s on %s -> %s (%s)", q.op, q.format, q.activation, q.device, name, why)
             return name
     detail = "; ".join(f"{name}: {why}" for name, _, why in rows)
     raise UnsupportedError(f"no b12x path runs {q.op} {q.format} × {q.activation} on {q.device}: {detail}")
