@@ -129,3 +129,23 @@ def test_explain_names_the_path(rng):
     lin = bc.prepare_linear(bf.quantize(rng.standard_normal((16, 256)).astype(np.float32), "IQ2_XXS"), max_tokens=8)
     text = bc.explain(lin, 16)
     assert "IQ2_XXS" in text and "-> reference" in text and "exceeds max_tokens=8" in text
+
+
+@pytest.mark.parametrize("fmt,activation", [("FP8", "fp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")])
+def test_row_shards_with_their_own_scales(rng, fmt, activation):
+    """A fused layer whose shards carry different per-tensor scales runs as one layer, exactly."""
+    k = 256
+    x = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)).to(torch.bfloat16)
+    shards = [make_weight(rng, fmt, n, k, activation != "bf16", x * (i + 1)) for i, n in enumerate((64, 32, 32))]
+    lin = bc.prepare_linear(shards, activation=activation)
+    assert (lin.n, lin.k) == (128, k)
+    scales = [float(s.tensors["input_scale"]) for s in shards if "input_scale" in s.tensors]
+    assert lin.input_scale == (max(scales) if scales else None)
+    mode = {"fp8": "fp8_static", "nvfp4": "nvfp4"}.get(activation, "bf16")
+    xh = act_oracle(x.float().numpy(), mode, lin.input_scale)
+    w64 = np.concatenate([bf.dequantize(s) for s in shards]).astype(np.float64)
+    ref = xh @ w64.T
+    err = np.abs(bc.linear(x, lin).float().numpy() - ref)
+    assert (err <= 2**-8 * np.abs(ref) + 1e-5 * (np.abs(xh) @ np.abs(w64).T)).all()
+    with pytest.raises(ValueError, match="row shards must share format"):
+        bc.prepare_linear([shards[0], bf.quantize(rng.standard_normal((8, k)).astype(np.float32), "Q8_0")])

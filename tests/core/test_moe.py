@@ -153,3 +153,17 @@ def test_torch_compile_fullgraph(rng):
         return bc.moe(x, w, ids, moe)
 
     assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(x, logits), f(x, logits))
+
+
+def test_w13_as_gate_and_up_shards(rng):
+    e, h, inter = 3, 256, 128
+    gate = experts(rng, "NVFP4", e, inter, h)
+    up = bf.quantize(rng.standard_normal((e, inter, h)).astype(np.float32) * 5, "NVFP4")  # other scales
+    w2 = experts(rng, "NVFP4", e, h, inter)
+    moe = bc.prepare_moe([gate, up], w2, top_k=2)
+    assert torch.equal(
+        moe.w13, torch.cat([torch.from_numpy(bf.dequantize(gate)), torch.from_numpy(bf.dequantize(up))], 1)
+    )
+    x = torch.randn(4, h, dtype=torch.bfloat16)
+    w, ids = bc.route_topk(torch.randn(4, e), 2)
+    assert bc.moe(x, w, ids, moe).shape == (4, h)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +37,31 @@ def activation_mode(fmt: str, activation: str, has_input_scale: bool) -> str:
     raise UnsupportedError(f"{spec.name}: unknown activation {activation!r}")
 
 
-def input_scale_of(qw: bf.QuantizedWeight) -> float | None:
-    """The per-tensor activation scale; expert stacks share the largest, as one activation quantization
-    feeds every expert."""
-    scale = qw.tensors.get("input_scale")
-    return None if scale is None else float(np.max(scale))
+def input_scale_of(qw: bf.QuantizedWeight | Sequence[bf.QuantizedWeight]) -> float | None:
+    """The per-tensor activation scale. Expert stacks and fused shards share the largest, as one activation
+    quantization feeds them all (vLLM does the same)."""
+    scales = [p.tensors["input_scale"] for p in as_shards(qw) if "input_scale" in p.tensors]
+    return float(max(np.max(s) for s in scales)) if scales else None
+
+
+def as_shards(qw) -> list[bf.QuantizedWeight]:
+    """A weight given whole or as row shards (fused qkv / gate_up, each with its own per-tensor scales)."""
+    shards = [qw] if isinstance(qw, bf.QuantizedWeight) else list(qw)
+    if not shards or not all(isinstance(p, bf.QuantizedWeight) for p in shards):
+        raise ValueError("expected a b12x_formats.QuantizedWeight or a non-empty sequence of them (row shards)")
+    first = shards[0]
+    for p in shards[1:]:
+        if p.format != first.format or tuple(p.shape[:-2]) != tuple(first.shape[:-2]) or p.shape[-1] != first.shape[-1]:
+            raise ValueError(
+                f"row shards must share format, leading dims and K: {first.format}{list(first.shape)} vs "
+                f"{p.format}{list(p.shape)}"
+            )
+    return shards
+
+
+def dequantize_rows(shards: list[bf.QuantizedWeight], device) -> torch.Tensor:
+    """Exact float32 weight of the shards stacked along N."""
+    return torch.cat([torch.from_numpy(bf.dequantize(p)) for p in shards], dim=-2).to(device)
 
 
 @dataclass(eq=False)
@@ -66,27 +87,31 @@ class PreparedLinear:
 
 
 def prepare_linear(
-    qw: bf.QuantizedWeight,
+    qw: bf.QuantizedWeight | Sequence[bf.QuantizedWeight],
     device="cpu",
     max_tokens: int = DEFAULT_MAX_TOKENS,
     activation: str = "bf16",
     path: str = "auto",
 ) -> PreparedLinear:
-    """Validate `qw`, choose the implementation for (format, activation, device) and upload what it needs."""
+    """Validate `qw`, choose the implementation for (format, activation, device) and upload what it needs.
+    `qw` may also be a sequence of row shards of one format (a fused qkv or gate_up layer whose shards
+    carry their own per-tensor scales); they run as one [sum N, K] layer."""
     refuse_during_capture("prepare_linear")
-    if not isinstance(qw, bf.QuantizedWeight):
+    if not isinstance(qw, (bf.QuantizedWeight, list, tuple)):
         raise ValueError(f"prepare_linear takes a b12x_formats.QuantizedWeight, got {type(qw).__name__}")
-    if len(qw.shape) != 2:
-        raise UnsupportedError(f"{qw.format}: linear weights are [N, K], got {list(qw.shape)}")
+    shards = as_shards(qw)
+    fmt = shards[0].format
+    if len(shards[0].shape) != 2:
+        raise UnsupportedError(f"{fmt}: linear weights are [N, K], got {list(shards[0].shape)}")
     check_positive("max_tokens", max_tokens)
     device = resolve_device(device)
-    scale = input_scale_of(qw)
-    mode = activation_mode(qw.format, activation, scale is not None)
-    query = Query("linear", qw.format, activation, device, path)
+    scale = input_scale_of(shards)
+    mode = activation_mode(fmt, activation, scale is not None)
+    query = Query("linear", fmt, activation, device, path)
     chosen = choose(query)
-    weight = torch.from_numpy(bf.dequantize(qw)).to(device)
-    n, k = qw.shape
-    lin = PreparedLinear(qw.format, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
+    weight = dequantize_rows(shards, device)
+    n, k = weight.shape
+    lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
     lin.query, lin.handle = query, _registry.register(lin)
     return lin
 

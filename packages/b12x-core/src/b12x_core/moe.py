@@ -8,6 +8,7 @@ router weight and summed over the top-k experts in float32, in ascending expert 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +20,7 @@ from ._checks import check_positive, check_tensor, check_tokens, refuse_during_c
 from .activations import quantize_activation
 from .dispatch import Query, choose
 from .errors import UnsupportedError
-from .linear import DEFAULT_MAX_TOKENS, activation_mode, input_scale_of
+from .linear import DEFAULT_MAX_TOKENS, activation_mode, as_shards, dequantize_rows, input_scale_of
 
 # Weight formats of fused MoE and the activation formats each runs with.
 MOE_FORMATS = {
@@ -85,7 +86,7 @@ class PreparedMoE:
 
 
 def prepare_moe(
-    w13: bf.QuantizedWeight,
+    w13: bf.QuantizedWeight | Sequence[bf.QuantizedWeight],
     w2: bf.QuantizedWeight,
     activation: str = "silu",
     w13_order: str = "gate_up",
@@ -96,7 +97,8 @@ def prepare_moe(
     path: str = "auto",
     expert_map=None,
 ) -> PreparedMoE:
-    """w13: [E, 2I, H] (gated SiLU) or [E, I, H] (ReLU²); w2: [E, H, I]."""
+    """w13: [E, 2I, H] (gated SiLU) or [E, I, H] (ReLU²), whole or as row shards (gate, up) that carry their
+    own per-expert scales; w2: [E, H, I]."""
     refuse_during_capture("prepare_moe")
     if expert_map is not None:
         raise UnsupportedError(
@@ -107,6 +109,9 @@ def prepare_moe(
     if w13_order not in W13_ORDERS:
         raise ValueError(f"w13_order must be one of {W13_ORDERS}, got {w13_order!r}")
     check_positive("max_tokens", max_tokens)
+    w13_shards = as_shards(w13)
+    w13_shape = (*w13_shards[0].shape[:-2], sum(p.shape[-2] for p in w13_shards), w13_shards[0].shape[-1])
+    w13 = w13_shards[0]
     for name, qw in (("w13", w13), ("w2", w2)):
         if not isinstance(qw, bf.QuantizedWeight) or len(qw.shape) != 3:
             raise UnsupportedError(f"{name} must be a QuantizedWeight [E, N, K] with a leading expert dim")
@@ -118,16 +123,16 @@ def prepare_moe(
             )
     experts, hidden, inter = w2.shape
     rows = 2 * inter if activation == "silu" else inter
-    if tuple(w13.shape) != (experts, rows, hidden):
+    if w13_shape != (experts, rows, hidden):
         raise UnsupportedError(
-            f"w13 {list(w13.shape)} does not match w2 {list(w2.shape)}: {activation} needs w13 [E={experts}, "
+            f"w13 {list(w13_shape)} does not match w2 {list(w2.shape)}: {activation} needs w13 [E={experts}, "
             f"{rows}, H={hidden}]"
         )
     check_positive("top_k", top_k)
     if top_k > experts:
         raise ValueError(f"top_k={top_k} exceeds the number of experts {experts}")
     device = resolve_device(device)
-    s13, s2 = input_scale_of(w13), input_scale_of(w2)
+    s13, s2 = input_scale_of(w13_shards), input_scale_of(w2)
     query = Query("moe", f"{w13.format}/{w2.format}", act_format, device, path)
     chosen = choose(query)
     moe = PreparedMoE(
@@ -143,7 +148,7 @@ def prepare_moe(
         max_tokens=max_tokens,
         device=device,
         path=chosen,
-        w13=torch.from_numpy(bf.dequantize(w13)).to(device),
+        w13=dequantize_rows(w13_shards, device),
         w2=torch.from_numpy(bf.dequantize(w2)).to(device),
         act_mode_13=activation_mode(w13.format, act_format, s13 is not None),
         act_mode_2=activation_mode(w2.format, act_format, s2 is not None),
