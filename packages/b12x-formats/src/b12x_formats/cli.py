@@ -38,7 +38,13 @@ def _convert_gguf(args) -> None:
 def _example(args) -> None:
     from .example import write_example
 
-    print(f"wrote {write_example(args.out_dir, overwrite=args.force)}")
+    print(f"wrote {write_example(args.out_dir, overwrite=args.force, arch=args.arch)}")
+
+
+def _dequantize(args) -> None:
+    from .hf_quantize import dequantize_checkpoint
+
+    print(f"wrote {dequantize_checkpoint(args.ckpt_dir, args.out_dir, overwrite=args.force)}")
 
 
 def _formats(args) -> None:
@@ -77,8 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     p.set_defaults(run=_convert_gguf)
 
-    p = sub.add_parser("example", help="write a tiny random bf16 Llama-style checkpoint (the demo's input)")
+    p = sub.add_parser("dequantize", help="decode a quantized checkpoint back to a bf16 one (a float reference)")
+    p.add_argument("ckpt_dir")
     p.add_argument("out_dir")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    p.set_defaults(run=_dequantize)
+
+    p = sub.add_parser("example", help="write a tiny random bf16 checkpoint (the demo's input)")
+    p.add_argument("out_dir")
+    p.add_argument("--arch", choices=["llama", "qwen3_moe"], default="llama")
     p.add_argument("--force", action="store_true")
     p.set_defaults(run=_example)
 

@@ -1,4 +1,4 @@
-"""A tiny random Llama-style checkpoint (bf16), the built-in input of the README's demo and of tests.
+"""Tiny random checkpoints (bf16, Llama and Qwen3-MoE style): the README demo's input and the tests'.
 
 Dimensions are multiples of 256 so that every format, IQ2 included, applies to every linear layer.
 """
@@ -64,6 +64,74 @@ def llama_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def write_example(out_dir: str | Path, overwrite: bool = False, seed: int = 0) -> Path:
-    tensors = llama_tensors(TINY_LLAMA, seed)
-    return save_checkpoint(out_dir, tensors.items(), TINY_LLAMA, total=len(tensors), overwrite=overwrite)
+TINY_QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 256,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random bf16 weights with the (per-expert) parameter names of Qwen3MoeForCausalLM checkpoints."""
+    rng = np.random.default_rng(seed)
+    h, ie, v, e = config["hidden_size"], config["moe_intermediate_size"], config["vocab_size"], config["num_experts"]
+    hd = config["head_dim"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def linear(n, k):
+        return (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
+
+    def norm(size=h):
+        return (1 + 0.1 * rng.standard_normal(size, dtype=np.float32)).astype(ml_dtypes.bfloat16)
+
+    out = {"model.embed_tokens.weight": linear(v, h)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out |= {
+            f"{p}.input_layernorm.weight": norm(),
+            f"{p}.self_attn.q_proj.weight": linear(q, h),
+            f"{p}.self_attn.k_proj.weight": linear(kv, h),
+            f"{p}.self_attn.v_proj.weight": linear(kv, h),
+            f"{p}.self_attn.o_proj.weight": linear(h, q),
+            f"{p}.self_attn.q_norm.weight": norm(hd),
+            f"{p}.self_attn.k_norm.weight": norm(hd),
+            f"{p}.post_attention_layernorm.weight": norm(),
+            f"{p}.mlp.gate.weight": linear(e, h),
+        }
+        for x in range(e):
+            out |= {
+                f"{p}.mlp.experts.{x}.gate_proj.weight": linear(ie, h),
+                f"{p}.mlp.experts.{x}.up_proj.weight": linear(ie, h),
+                f"{p}.mlp.experts.{x}.down_proj.weight": linear(h, ie),
+            }
+    out |= {"model.norm.weight": norm(), "lm_head.weight": linear(v, h)}
+    return out
+
+
+EXAMPLES = {"llama": (TINY_LLAMA, llama_tensors), "qwen3_moe": (TINY_QWEN3_MOE, qwen3_moe_tensors)}
+
+
+def write_example(out_dir: str | Path, overwrite: bool = False, seed: int = 0, arch: str = "llama") -> Path:
+    config, make = EXAMPLES[arch]
+    tensors = make(config, seed)
+    return save_checkpoint(out_dir, tensors.items(), config, total=len(tensors), overwrite=overwrite)

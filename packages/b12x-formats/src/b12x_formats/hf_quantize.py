@@ -1,4 +1,4 @@
-"""Quantize a floating-point Hugging Face checkpoint into a ModelOpt mixed-precision one.
+"""Quantize a floating-point Hugging Face checkpoint into a ModelOpt mixed-precision one (and decode one back).
 
 Which modules are quantized: every 2-D `<module>.weight` of a linear layer. Norms, biases, MoE routers
 (`...mlp.gate`, `...router`), embeddings and `lm_head` stay as they are unless a `--layer` rule names them
@@ -58,6 +58,12 @@ class QuantizePlan:
         return self.default
 
 
+def side_files(src: Path) -> dict[str, Path]:
+    """Files a converted checkpoint carries over unchanged: tokenizer, generation config, chat template..."""
+    skip = (INDEX_NAME, "config.json", "hf_quant_config.json")
+    return {p.name: p for p in src.iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip}
+
+
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
     """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
     src, out = Path(src), Path(out)
@@ -94,16 +100,37 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
             else:
                 yield name, np.asarray(ckpt.get(name))
 
-    extra = {
-        p.name: p
-        for p in src.iterdir()
-        if p.is_file()
-        and p.suffix != ".safetensors"
-        and p.name not in (INDEX_NAME, "config.json", "hf_quant_config.json")
-    }
+    extra = side_files(src)
     config = dict(ckpt.config)
     quant = QuantizationConfig(layers=chosen)
     total = len(names) + sum(len(codec_for(f).spec.required_tensors) - 1 for f in chosen.values())
     return save_checkpoint(
         out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing"
+    )
+
+
+def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """The float twin of a quantized checkpoint: every quantized module decoded exactly, stored as bf16
+    (float32 decode rounded once), everything else copied; no quantization_config. `src` is only read."""
+    import ml_dtypes
+
+    from .api import dequantize
+
+    src, out = Path(src), Path(out)
+    ckpt = Checkpoint(src)
+    layers = ckpt.quantized_layers()
+    owned = {f"{p}.{t}": p for p, f in layers.items() for t in codec_for(f).spec.tensor_names}
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for prefix in layers:
+            yield f"{prefix}.weight", dequantize(ckpt.quantized_weight(prefix)).astype(ml_dtypes.bfloat16)
+        for name in ckpt.tensor_names():
+            if name not in owned:
+                yield name, np.asarray(ckpt.get(name))
+
+    extra = side_files(src)
+    config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
+    total = len(layers) + sum(1 for n in ckpt.tensor_names() if n not in owned)
+    return save_checkpoint(
+        out, tensors(), config, None, extra_files=extra, total=total, overwrite=overwrite, desc="dequantizing"
     )
