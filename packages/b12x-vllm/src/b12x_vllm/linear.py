@@ -9,8 +9,6 @@ to the same addresses and is prepared again.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from vllm.model_executor.layers.linear import LinearMethodBase, register_weight_loader_v2_supported_method
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
@@ -20,9 +18,8 @@ import b12x_core as bc
 import b12x_formats as bf
 from b12x_core.linear import input_scale_of
 
+from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
-
-logger = logging.getLogger("b12x_vllm")
 
 # Activations per weight format for dense layers: the checkpoint's own recipe.
 DENSE_ACTIVATION = {"FP8": "fp8", "FP8_BLOCK": "fp8", "MXFP8": "mxfp8"}
@@ -73,7 +70,7 @@ class B12xLinearMethod(LinearMethodBase):
         layer.b12x_linear = bc.prepare_linear(
             shards, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation=activation
         )
-        logger.debug("b12x: %s -> %r", self.prefix, layer.b12x_linear)
+        report.record(self.prefix, layer.b12x_linear)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return bc.linear(x, layer.b12x_linear, bias)
@@ -96,6 +93,7 @@ class B12xEmbeddingMethod(QuantizeMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         qw = bf.QuantizedWeight.from_tensors("Q8_0", {"weight": layer.weight.data})
         layer.b12x_embedding = bc.prepare_embedding(qw, device=layer.weight.device)
+        report.record(self.prefix or "embed_tokens", layer.b12x_embedding)
         layer.b12x_linear = bc.prepare_linear(qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm())
 
     def embedding(self, layer, input_: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import b12x_formats as bf
 from b12x_core.moe import MOE_FORMATS
 from b12x_formats.spec import PER_TENSOR
 
+from . import report
 from ._params import max_tokens_from_vllm, per_tensor_names, quantized_shards, tensor_layout
 from .env import moe_fp4_force_a16
 
@@ -102,7 +103,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
                 logger.info("b12x MoE %s: %s activations unavailable (%s); trying the next", self.prefix, act, err)
         else:
             raise bc.UnsupportedError(f"b12x MoE {self.prefix}: no activation format runs {self.format} here")
-        logger.debug("b12x: %s -> %r", self.prefix, layer.b12x_moe)
+        report.record(self.prefix, layer.b12x_moe)
 
     def _act_formats(self, w13) -> list[str]:
         if self.format not in FP4 or moe_fp4_force_a16():

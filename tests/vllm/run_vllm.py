@@ -1,0 +1,64 @@
+"""Run a checkpoint in vLLM (CPU) and print greedy tokens and logprobs as JSON (used by test_e2e_cpu.py).
+
+    python tests/vllm/run_vllm.py MODEL_DIR OUT.json [--quantization b12x] [--linear-backend b12x] ...
+
+A separate process per model: vLLM owns its process state, and its engine runs in subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+PROMPTS = [[5, 17, 42, 99, 7, 250, 3], [300, 11, 64, 128, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("out")
+    parser.add_argument("--quantization")
+    parser.add_argument("--linear-backend")
+    parser.add_argument("--moe-backend")
+    parser.add_argument("--max-tokens", type=int, default=12)
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    kwargs = {k: v for k, v in (("quantization", args.quantization), ("linear_backend", args.linear_backend),
+                                ("moe_backend", args.moe_backend)) if v}  # fmt: skip
+    start = time.perf_counter()
+    llm = LLM(
+        model=args.model, enforce_eager=True, skip_tokenizer_init=True, max_model_len=128, max_num_seqs=4,
+        max_num_batched_tokens=128, dtype="bfloat16", seed=0, **kwargs,
+    )  # fmt: skip
+    loaded = time.perf_counter()
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, prompt_logprobs=1, detokenize=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    done = time.perf_counter()
+    result = {"load_s": loaded - start, "generate_s": done - loaded, "requests": []}
+    for out in outputs:
+        gen = out.outputs[0]
+        steps = [{str(t): lp.logprob for t, lp in step.items()} for step in gen.logprobs]
+        prompt = [
+            None if step is None else {str(t): lp.logprob for t, lp in step.items()} for step in out.prompt_logprobs
+        ]
+        result["requests"].append({"tokens": list(gen.token_ids), "logprobs": steps, "prompt_logprobs": prompt})
+    from b12x_vllm import report  # the engine ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+
+    result["b12x"] = report.summary()
+    result["quantization"] = llm.llm_engine.vllm_config.model_config.quantization
+    generated = sum(len(r["tokens"]) for r in result["requests"])
+    result["tokens_per_s"] = generated / max(done - loaded, 1e-9)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

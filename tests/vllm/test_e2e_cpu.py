@@ -1,0 +1,105 @@
+"""End to end on CPU: tiny random models quantized with b12x-formats, served by vLLM through the plugin,
+against vLLM running the same weights dequantized to bf16.
+
+Checks: greedy tokens agree until the first step where they differ, and there ours must be among the float
+model's top 5 within LOGPROB_TOL of its choice (a near tie); prompt and generated-token logprobs agree within
+LOGPROB_TOL.
+LOGPROB_TOL = 0.25 nats: measured differences are ≈0.03–0.06, from activation quantization (FP8 per token,
+MXFP8 for MXFP4 experts) and bf16 vs float32 rounding of the dequantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+from b12x_formats.cli import main as formats_cli  # noqa: E402
+
+LOGPROB_TOL = 0.25
+RUNNER = Path(__file__).with_name("run_vllm.py")
+
+LLAMA_LAYERS = [
+    "model.layers.0.self_attn.[qkv]_proj=MXFP4", "model.layers.1.self_attn.[qkv]_proj=FP8",
+    "model.layers.0.self_attn.o_proj=NVFP4", "model.layers.1.self_attn.o_proj=Q8_0",
+    "model.layers.0.mlp.down_proj=Q8_0", "model.layers.1.mlp.down_proj=NVFP4",
+    "model.layers.1.mlp.*=IQ2_XXS", "model.embed_tokens=Q8_0", "lm_head=Q8_0",
+]  # fmt: skip
+MOE_LAYERS = [
+    "model.layers.0.mlp.experts.*=IQ2_XS", "model.layers.1.mlp.experts.*=MXFP4",
+    "model.layers.0.self_attn.*=IQ2_XXS", "model.layers.1.self_attn.*=NVFP4", "model.embed_tokens=Q8_0", "lm_head=Q8_0",
+]  # fmt: skip
+
+
+def run_vllm(model: Path, out: Path, *flags: str) -> dict:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(model), str(out), *flags], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def build(tmp: Path, arch: str, default: str, layers: list[str]) -> tuple[Path, Path]:
+    seed = int(np.random.default_rng().integers(1 << 30))
+    print(f"{arch}: model seed {seed}")
+    from b12x_formats.example import write_example
+
+    write_example(tmp / "hf", arch=arch, seed=seed)
+    args = ["quantize", str(tmp / "hf"), str(tmp / "b12x"), "--default", default]
+    for rule in layers:
+        args += ["--layer", rule]
+    assert formats_cli(args) == 0
+    assert formats_cli(["dequantize", str(tmp / "b12x"), str(tmp / "float")]) == 0
+    return tmp / "b12x", tmp / "float"
+
+
+def compare(ours: dict, ref: dict) -> None:
+    for req_ours, req_ref in zip(ours["requests"], ref["requests"], strict=True):
+        for lp_ours, lp_ref in zip(req_ours["prompt_logprobs"][1:], req_ref["prompt_logprobs"][1:], strict=True):
+            for token in set(lp_ours) & set(lp_ref):
+                assert abs(lp_ours[token] - lp_ref[token]) <= LOGPROB_TOL, (token, lp_ours, lp_ref)
+        for step, (t_ours, t_ref) in enumerate(zip(req_ours["tokens"], req_ref["tokens"], strict=True)):
+            ref_step = req_ref["logprobs"][step]
+            if t_ours != t_ref:  # a near tie in the float model: ours must be one of its close runners-up
+                assert str(t_ours) in ref_step, (step, t_ours, t_ref, ref_step)
+                assert ref_step[str(t_ref)] - ref_step[str(t_ours)] <= LOGPROB_TOL, (step, t_ours, t_ref, ref_step)
+                break  # contexts differ from here on
+            ours_lp = req_ours["logprobs"][step][str(t_ours)]
+            assert abs(ours_lp - ref_step[str(t_ref)]) <= LOGPROB_TOL, (step, ours_lp, ref_step)
+
+
+@pytest.mark.parametrize(
+    "arch,default,layers,expected",
+    [
+        ("llama", "IQ2_XS", LLAMA_LAYERS, {"linear IQ2_XS × bf16", "linear FP8 × fp8", "linear MXFP4 × bf16",
+                                          "linear NVFP4 × bf16", "linear IQ2_XXS × bf16", "linear Q8_0 × bf16",
+                                          "embedding Q8_0"}),
+        ("qwen3_moe", "Q8_0", MOE_LAYERS, {"moe IQ2_XS × bf16", "moe MXFP4 × mxfp8", "linear NVFP4 × bf16",
+                                           "linear IQ2_XXS × bf16", "linear Q8_0 × bf16", "embedding Q8_0"}),
+    ],
+)  # fmt: skip
+def test_mixed_precision_model_matches_its_float_twin(tmp_path, arch, default, layers, expected):
+    quantized, floating = build(tmp_path, arch, default, layers)
+    ours = run_vllm(quantized, tmp_path / "ours.json")
+    ref = run_vllm(floating, tmp_path / "ref.json")
+    assert ours["quantization"] == "b12x" and ref["quantization"] is None
+    ran = {key.rsplit(" -> ", 1)[0] for key in ours["b12x"]}
+    assert expected <= ran, ours["b12x"]
+    assert all(key.endswith("-> reference") for key in ours["b12x"])
+    compare(ours, ref)
+
+
+def test_backend_flags_claim_modelopt_checkpoints(tmp_path):
+    """A checkpoint without GGML blocks is b12x's only when asked for (--linear-backend / --moe-backend)."""
+    quantized, _ = build(tmp_path, "llama", "NVFP4", [])
+    ours = run_vllm(quantized, tmp_path / "ours.json", "--linear-backend", "b12x")
+    assert ours["quantization"] == "b12x"
+    assert ours["b12x"] == {"linear NVFP4 × bf16 -> reference": 8}  # 2 layers × (qkv, o, gate_up, down)
