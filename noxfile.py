@@ -63,28 +63,10 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The README's main job: quantize the built-in example model into a mixed-precision checkpoint, inspect it."""
-    session.install("-e", "packages/b12x-formats")
-    out = ROOT / "out" / "demo"
-    session.run("b12x-formats", "example", str(out / "hf"), "--force")
-    session.run(
-        "b12x-formats",
-        "quantize",
-        str(out / "hf"),
-        str(out / "b12x"),
-        "--force",
-        "--default",
-        "IQ2_XS",
-        "--layer",
-        "*.mlp.down_proj=Q8_0",
-        "--layer",
-        "*.self_attn.o_proj=NVFP4",
-        "--layer",
-        "*.self_attn.[qk]_proj=MXFP4",
-        "--layer",
-        "*.self_attn.v_proj=FP8",
-    )
-    session.run("b12x-formats", "inspect", str(out / "b12x"))
+    """The README's main job: build a tiny mixed-precision checkpoint (or `-- --model PATH`), run it in vLLM with
+    the b12x backends, print the text, tokens/s and the b12x path of every layer type."""
+    _install_packages(session, vllm=True)
+    session.run("python", "-m", "b12x_vllm.demo", "--out", str(ROOT / "out" / "demo"), *session.posargs)
 
 
 @nox.session(python=False)

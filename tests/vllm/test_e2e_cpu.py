@@ -41,7 +41,11 @@ MOE_LAYERS = [
 def run_vllm(model: Path, out: Path, *flags: str) -> dict:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(model), str(out), *flags], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(RUNNER), str(model), str(out), *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())

@@ -5,7 +5,6 @@ import pytest
 pytest.importorskip("vllm")
 
 import b12x_formats as bf  # noqa: E402
-
 import b12x_vllm  # noqa: E402
 from b12x_vllm import _compat, backends, env  # noqa: E402
 

@@ -5,6 +5,7 @@ Dimensions are multiples of 256 so that every format, IQ2 included, applies to e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import ml_dtypes
@@ -131,7 +132,36 @@ def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
 EXAMPLES = {"llama": (TINY_LLAMA, llama_tensors), "qwen3_moe": (TINY_QWEN3_MOE, qwen3_moe_tensors)}
 
 
+def byte_level_tokenizer(vocab_size: int) -> dict[str, bytes] | None:
+    """tokenizer.json + tokenizer_config.json of a byte-level BPE with exactly `vocab_size` tokens (256 bytes,
+    merges of letter pairs, then <s> and </s>), so generated ids always decode. None without `tokenizers`."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        return None
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    merges = []
+    for a in letters:
+        for b in letters:
+            if len(vocab) >= vocab_size - 2:
+                break
+            merges.append((a, b))
+            vocab[a + b] = len(vocab)
+    vocab["<s>"], vocab["</s>"] = len(vocab), len(vocab) + 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}
+    return {"tokenizer.json": tok.to_str().encode(), "tokenizer_config.json": json.dumps(config).encode()}
+
+
 def write_example(out_dir: str | Path, overwrite: bool = False, seed: int = 0, arch: str = "llama") -> Path:
     config, make = EXAMPLES[arch]
+    tokenizer = byte_level_tokenizer(config["vocab_size"]) or {}
+    config = dict(config, bos_token_id=config["vocab_size"] - 2, eos_token_id=config["vocab_size"] - 1)
     tensors = make(config, seed)
-    return save_checkpoint(out_dir, tensors.items(), config, total=len(tensors), overwrite=overwrite)
+    return save_checkpoint(
+        out_dir, tensors.items(), config, extra_files=tokenizer, total=len(tensors), overwrite=overwrite
+    )
