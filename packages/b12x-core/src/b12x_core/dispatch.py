@@ -1,6 +1,6 @@
 """Which implementation runs a prepared op: an ordered table of candidates, each answering (ok, reason).
 
-Only the exact reference exists today; CUDA kernels join the table as they land (decode, prefill, MoE).
+CUDA kernels so far: GEMV for the GGML block codecs and the Q8_0 embedding; the rest runs the reference.
 The reference runs wherever torch runs, but on CUDA only when asked for (`path="reference"`): b12x never
 silently falls back to a slow path on the GPU.
 """
@@ -39,7 +39,34 @@ def _reference(q: Query) -> tuple[bool, str]:
     return False, f"the reference runs on {q.device.type} only when asked for with path='reference'"
 
 
-CANDIDATES: tuple[Candidate, ...] = (Candidate("reference", _reference),)
+def _cuda_gemv_ggml(q: Query) -> tuple[bool, str]:
+    from .cuda_paths import GGML, kernels_unavailable
+
+    if q.device.type != "cuda" or q.path == "reference":
+        return False, "CUDA only, and not when the reference was asked for"
+    if q.op != "linear" or q.format not in GGML or q.activation != "bf16":
+        return False, f"runs linear {'/'.join(GGML)} × bf16, not {q.op} {q.format} × {q.activation}"
+    why = kernels_unavailable()
+    return (False, why) if why else (True, "CUDA GEMV over raw GGML blocks (M <= 16 per launch)")
+
+
+def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
+    from .cuda_paths import kernels_unavailable
+
+    if q.device.type != "cuda" or q.path == "reference":
+        return False, "CUDA only, and not when the reference was asked for"
+    if q.op != "embedding":
+        return False, f"runs embedding Q8_0, not {q.op}"
+    why = kernels_unavailable()
+    return (False, why) if why else (True, "CUDA Q8_0 row gather")
+
+
+# In order of preference: the first candidate that can run a query runs it.
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("cuda_gemv_ggml", _cuda_gemv_ggml),
+    Candidate("cuda_embedding_q8_0", _cuda_embedding_q8_0),
+    Candidate("reference", _reference),
+)
 
 logger = logging.getLogger("b12x_core")
 _logged: set[Query] = set()

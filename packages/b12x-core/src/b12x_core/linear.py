@@ -74,8 +74,10 @@ class PreparedLinear:
     max_tokens: int
     device: torch.device
     path: str
-    weight: torch.Tensor = field(repr=False)  # reference: float32 [N, K], exactly dequantized
+    weight: torch.Tensor | None = field(repr=False)  # reference: float32 [N, K], exactly dequantized
     input_scale: float | None = None
+    blocks: torch.Tensor | None = field(default=None, repr=False)  # CUDA GGML: the checkpoint's blocks
+    grid: torch.Tensor | None = field(default=None, repr=False)  # CUDA IQ2: grid table
     query: Query | None = None  # what dispatch was asked (explain() replays it)
     handle: int = 0
 
@@ -109,9 +111,16 @@ def prepare_linear(
     mode = activation_mode(fmt, activation, scale is not None)
     query = Query("linear", fmt, activation, device, path)
     chosen = choose(query)
-    weight = dequantize_rows(shards, device)
-    n, k = weight.shape
-    lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
+    n, k = sum(p.shape[0] for p in shards), shards[0].shape[1]
+    if chosen == "cuda_gemv_ggml":
+        from .cuda_paths import grid_table
+
+        blocks = np.concatenate([p.tensors["weight"] for p in shards])  # the source bytes, unchanged
+        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale)
+        lin.blocks, lin.grid = torch.from_numpy(blocks).to(device), grid_table(fmt, device)
+    else:
+        weight = dequantize_rows(shards, device)
+        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
     lin.query, lin.handle = query, _registry.register(lin)
     return lin
 

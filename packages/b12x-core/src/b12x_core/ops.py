@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _registry
+from . import _registry, cuda_paths
 from .embedding import embedding_reference
 from .linear import linear_reference
 from .moe import moe_reference, route_topk_reference
@@ -13,7 +13,10 @@ from .moe import moe_reference, route_topk_reference
 
 @torch.library.custom_op("b12x::linear", mutates_args=())
 def _linear(x: torch.Tensor, handle: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return linear_reference(x, _registry.lookup(handle), bias)
+    lin = _registry.lookup(handle)
+    if lin.path == "cuda_gemv_ggml":
+        return cuda_paths.linear_ggml(x, lin, bias)
+    return linear_reference(x, lin, bias)
 
 
 @_linear.register_fake
@@ -34,7 +37,10 @@ def _(x, topk_weights, topk_ids, handle):
 
 @torch.library.custom_op("b12x::embedding", mutates_args=())
 def _embedding(ids: torch.Tensor, handle: int) -> torch.Tensor:
-    return embedding_reference(ids, _registry.lookup(handle))
+    emb = _registry.lookup(handle)
+    if emb.path == "cuda_embedding_q8_0":
+        return cuda_paths.embedding_q8_0(ids, emb)
+    return embedding_reference(ids, emb)
 
 
 @_embedding.register_fake

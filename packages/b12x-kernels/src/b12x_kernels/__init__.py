@@ -1,3 +1,44 @@
-"""b12x device code (CUDA C++ and Triton kernels). Kernels land here; dispatch policy lives in b12x_core."""
+"""b12x device code: CUDA C++ kernels behind a narrow pointer-based binding (`b12x_kernels._C`).
+
+Imports on machines without a GPU (or without the built extension): `available()` says whether kernels can
+run here and `unavailable_reason()` why not. No dispatch policy lives here: b12x_core decides what runs.
+"""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
+
+GGML_FORMAT_IDS = {"Q8_0": 0, "IQ2_XXS": 1, "IQ2_XS": 2}
+
+try:
+    from . import _C
+except ImportError as err:  # built without CUDA, or not built
+    _C = None
+    _IMPORT_ERROR = str(err)
+else:
+    _IMPORT_ERROR = ""
+
+
+def unavailable_reason() -> str:
+    """Why kernels cannot run here, or '' when they can."""
+    if _C is None:
+        return f"b12x_kernels._C is not built ({_IMPORT_ERROR})"
+    count, error = _C.device_count()
+    return "" if count > 0 else f"no CUDA device ({error})"
+
+
+def available() -> bool:
+    return unavailable_reason() == ""
+
+
+def compiled_archs() -> list[str]:
+    return [] if _C is None else _C.compiled_archs().split(",")
+
+
+def gemv_ggml(fmt: str, w: int, grid: int, x: int, bias: int, y: int, m: int, n: int, k: int, stream: int) -> None:
+    """y[m, n] = x @ W.T (+ bias) for M <= 16, W raw GGML blocks; all arguments are device pointers / sizes."""
+    _C.gemv_ggml(GGML_FORMAT_IDS[fmt], w, grid, x, bias, y, m, n, k, stream)
+
+
+def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:
+    _C.embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)

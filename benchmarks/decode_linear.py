@@ -1,0 +1,122 @@
+"""Decode (small-M) linear on the GPU: b12x kernels beside torch bf16 F.linear and fp8 torch._scaled_mm.
+
+    python benchmarks/decode_linear.py --out results.json [--shapes 28672x8192,8192x28672,4096x14336] [--ms 1,2,4,8,16]
+
+Method: each timing is a CUDA graph that runs the op once on each of several weight copies (together more
+than 4× the L2 cache, so weights always come from HBM), replayed ≥100 times between CUDA events; the per-call
+time is the median replay time divided by the copies. Bandwidth counts weight bytes only (the bandwidth
+floor of FORMATS.md), against a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import b12x_core as bc
+import b12x_formats as bf
+
+L2_BYTES = 60 * 1024**2
+
+
+def time_graph(fn, copies: int, replays: int = 100) -> float:
+    """Median µs per call of fn(i) over i in range(copies), from CUDA graph replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn(i)  # warm-up / lazy init outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(copies):
+                fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    times = []
+    for _ in range(replays + 5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / copies)
+    return statistics.median(times[5:])
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a device-to-device copy, bytes read plus written."""
+    n = 2 * 1024**3
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    us = time_graph(lambda i: dst.copy_(src), 1, replays=20)
+    return 2 * n / us / 1e3
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, -(-4 * L2_BYTES // nbytes))
+
+
+def random_ggml(fmt: str, n: int, k: int) -> bf.QuantizedWeight:
+    """Random valid blocks made on the GPU (timing does not depend on values; quantizing 235M weights would)."""
+    s = bf.spec(fmt)
+    blocks = torch.randint(0, 256, (n, k // s.group_size, s.block_bytes), dtype=torch.uint8, device="cuda")
+    blocks[..., :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8).cuda()
+    return bf.QuantizedWeight.from_tensors(fmt, {"weight": blocks.cpu()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="28672x8192,8192x28672,4096x14336")
+    parser.add_argument("--ms", default="1,2,4,8,16")
+    parser.add_argument("--formats", default="IQ2_XS,IQ2_XXS,Q8_0")
+    parser.add_argument("--out", default="decode_linear.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s")
+    print(f"{'shape':<12} {'M':>3} {'format':<14} {'µs':>8} {'GB/s':>7} {'%copy':>6} {'vs bf16':>8} {'vs fp8':>7}")
+    for shape in args.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        ms = [int(m) for m in args.ms.split(",")]
+        bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
+        fp8_w = [w.to(torch.float8_e4m3fn) for w in bf16_w[: copies_for(n * k)]]
+        one = torch.ones((), device="cuda")
+        preps = {
+            fmt: [bc.prepare_linear(random_ggml(fmt, n, k), device="cuda", max_tokens=16)]
+            for fmt in args.formats.split(",")
+        }
+        for fmt, plist in preps.items():
+            nbytes = plist[0].blocks.numel()
+            while len(plist) < copies_for(nbytes):  # more weights at new addresses, so none stays in L2
+                plist.append(bc.prepare_linear(random_ggml(fmt, n, k), device="cuda", max_tokens=16))
+        for m in ms:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            xp = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)  # _scaled_mm wants M % 16 == 0
+            t_bf16 = time_graph(lambda i, x=x: F.linear(x, bf16_w[i]), len(bf16_w))
+            t_fp8 = time_graph(
+                lambda i, xp=xp: torch._scaled_mm(xp, fp8_w[i].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                len(fp8_w),
+            )
+            base = [("bf16 F.linear", t_bf16, 2 * n * k), ("fp8 _scaled_mm", t_fp8, n * k)]
+            for fmt, plist in preps.items():
+                t = time_graph(lambda i, x=x, plist=plist: bc.linear(x, plist[i]), len(plist))
+                base.append((fmt, t, plist[0].blocks.numel()))
+            for name, t, nbytes in base:
+                gbs = nbytes / t / 1e3
+                row = dict(shape=shape, m=m, format=name, us=t, gbs=gbs, pct_copy=100 * gbs / bw,
+                           speedup_bf16=t_bf16 / t, speedup_fp8=t_fp8 / t)  # fmt: skip
+                rows.append(row)
+                print(
+                    f"{shape:<12} {m:>3} {name:<14} {t:>8.1f} {gbs:>7.0f} {row['pct_copy']:>5.0f}% "
+                    f"{row['speedup_bf16']:>7.2f}x {row['speedup_fp8']:>6.2f}x",
+                    flush=True,
+                )
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+// Q8_0 embedding gather: one thread block per id, each thread decodes pairs of weights of the row.
+#include "common.cuh"
+#include "kernels.h"
+
+namespace b12x {
+namespace {
+
+template <class Id>
+__global__ void embedding_kernel(const uint8_t* __restrict__ table, const Id* __restrict__ ids,
+                                 __nv_bfloat16* __restrict__ out, int V, int H) {
+  const int t = blockIdx.x;
+  const long long id = static_cast<long long>(ids[t]);
+  __nv_bfloat16* dst = out + size_t(t) * H;
+  if (id < 0 || id >= V) {  // the host checks ids on CPU tensors; on the GPU an invalid id yields NaN
+    for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = __float2bfloat16(__int_as_float(0x7fc00000));
+    return;
+  }
+  const uint8_t* row = table + size_t(id) * (H / 32) * 34;
+  for (int k2 = threadIdx.x; k2 < H / 2; k2 += blockDim.x) {
+    const int k = 2 * k2, blk = k / 32, j = k % 32;
+    const uint8_t* b = row + blk * 34;
+    const float d = load_half_a2(b);
+    const uint16_t pair = *reinterpret_cast<const uint16_t*>(b + 2 + j);
+    __nv_bfloat162 v;
+    v.x = __float2bfloat16(d * float(int8_t(pair & 0xff)));
+    v.y = __float2bfloat16(d * float(int8_t(pair >> 8)));
+    *reinterpret_cast<__nv_bfloat162*>(dst + k) = v;
+  }
+}
+
+}  // namespace
+
+cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64, __nv_bfloat16* out, int T,
+                           int V, int H, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  const int threads = H / 2 < 256 ? ((H / 2 + 31) / 32) * 32 : 256;
+  if (ids_int64)
+    embedding_kernel<<<T, threads, 0, stream>>>(table, static_cast<const long long*>(ids), out, V, H);
+  else
+    embedding_kernel<<<T, threads, 0, stream>>>(table, static_cast<const int*>(ids), out, V, H);
+  return cudaGetLastError();
+}
+
+}  // namespace b12x

@@ -1,0 +1,68 @@
+// b12x_kernels._C: a narrow binding over device pointers, sizes and a stream (no libtorch), so one binary
+// serves any torch version. Host-side checks here are the cheap ones; b12x_core validates shapes and dtypes.
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+template <class T>
+T* ptr(std::uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "b12x CUDA kernels (pointers in, no torch dependency)";
+
+  m.def("device_count", []() -> py::tuple {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no device" error
+      return py::make_tuple(0, std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err));
+    }
+    return py::make_tuple(n, std::string());
+  });
+
+  m.def("compiled_archs", [] { return std::string(B12X_ARCHS_STRING); });
+
+  m.def(
+      "gemv_ggml",
+      [](int format, std::uintptr_t w, std::uintptr_t grid, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y,
+         int M, int N, int K, std::uintptr_t stream) {
+        if (M < 1 || M > 16) throw std::invalid_argument("gemv_ggml: M must be in 1..16, got " + std::to_string(M));
+        const int group = format == b12x::kQ8_0 ? 32 : 256;
+        if (K % group) throw std::invalid_argument("gemv_ggml: K must be a multiple of the block size");
+        if (!w || !x || !y || (format != b12x::kQ8_0 && !grid))
+          throw std::invalid_argument("gemv_ggml: null pointer");
+        check(b12x::gemv_ggml(format, ptr<const uint8_t>(w), ptr<const uint64_t>(grid),
+                              ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
+                              N, K, reinterpret_cast<cudaStream_t>(stream)),
+              "gemv_ggml launch");
+      },
+      py::arg("format"), py::arg("w"), py::arg("grid"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"),
+      py::arg("N"), py::arg("K"), py::arg("stream"));
+
+  m.def(
+      "embedding_q8_0",
+      [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,
+         std::uintptr_t stream) {
+        if (H % 32) throw std::invalid_argument("embedding_q8_0: H must be a multiple of 32");
+        check(b12x::embedding_q8_0(ptr<const uint8_t>(table), ptr<const void>(ids), ids_int64,
+                                   ptr<__nv_bfloat16>(out), T, V, H, reinterpret_cast<cudaStream_t>(stream)),
+              "embedding_q8_0 launch");
+      },
+      py::arg("table"), py::arg("ids"), py::arg("ids_int64"), py::arg("out"), py::arg("T"), py::arg("V"),
+      py::arg("H"), py::arg("stream"));
+}

@@ -1,0 +1,36 @@
+"""The extension builds for every target arch and imports on a machine without a GPU."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+b12x_kernels = pytest.importorskip("b12x_kernels")
+
+
+def test_imports_and_reports_why_it_cannot_run():
+    reason = b12x_kernels.unavailable_reason()
+    if b12x_kernels._C is None:
+        pytest.skip(reason)
+    assert b12x_kernels.compiled_archs() == ["90", "120a", "121a"]
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    assert (reason == "") == has_gpu, reason
+    if not has_gpu:
+        assert reason.startswith("no CUDA device")
+
+
+def test_fat_binary_holds_sm90_sm120a_sm121a():
+    if b12x_kernels._C is None:
+        pytest.skip(b12x_kernels.unavailable_reason())
+    tool = shutil.which("cuobjdump") or next(iter(Path("/usr/local/cuda/bin").glob("cuobjdump")), None)
+    if tool is None:
+        pytest.skip("cuobjdump not found")
+    listing = subprocess.run([str(tool), "--list-elf", b12x_kernels._C.__file__], capture_output=True, text=True).stdout
+    for arch in ("sm_90", "sm_120a", "sm_121a"):
+        assert f".{arch}." in listing, listing
