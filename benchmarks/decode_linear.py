@@ -95,14 +95,14 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             xp = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)  # _scaled_mm wants M % 16 == 0
-            t_bf16 = time_graph(lambda i, x=x: F.linear(x, bf16_w[i]), len(bf16_w))
+            t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
             t_fp8 = time_graph(
-                lambda i, xp=xp: torch._scaled_mm(xp, fp8_w[i].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                lambda i: torch._scaled_mm(xp, fp8_w[i].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
                 len(fp8_w),
             )
             base = [("bf16 F.linear", t_bf16, 2 * n * k), ("fp8 _scaled_mm", t_fp8, n * k)]
             for fmt, plist in preps.items():
-                t = time_graph(lambda i, x=x, plist=plist: bc.linear(x, plist[i]), len(plist))
+                t = time_graph(lambda i: bc.linear(x, plist[i]), len(plist))
                 base.append((fmt, t, plist[0].blocks.numel()))
             for name, t, nbytes in base:
                 gbs = nbytes / t / 1e3

@@ -1,10 +1,10 @@
 """A small run of every CUDA path for `compute-sanitizer --tool memcheck python benchmarks/sanitize_decode.py`."""
 
-import b12x_formats as bf
 import numpy as np
 import torch
 
 import b12x_core as bc
+import b12x_formats as bf
 
 rng = np.random.default_rng(0)
 for fmt in ("Q8_0", "IQ2_XXS", "IQ2_XS"):
