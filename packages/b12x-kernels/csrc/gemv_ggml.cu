@@ -1,8 +1,8 @@
 // Decode (small-M) GEMV for raw GGML blocks (Q8_0, IQ2_XXS, IQ2_XS) with bf16 activations.
 //
-// One warp per output row; lane l takes the row's blocks l, l+32, ... and decodes each group of 8 weights in
-// registers, multiplying it into all M (<= MAXM) activation rows at once, so each weight byte is read once
-// per call whatever M is. The IQ2 grid (2 or 4 KB) is staged into shared memory: every lane indexes it at a
+// One warp per output row, 256 weights per warp step (one group of 8 per lane), decoded in registers and
+// multiplied into all M (<= MAXM) activation rows at once, so each weight byte is read once per call
+// whatever M is. The IQ2 grid (2 or 4 KB) is staged into shared memory: every lane indexes it at a
 // different entry, which the constant cache would serialise. The 8th sign bit is rebuilt from the parity of
 // the 7 stored ones instead of a table lookup. Summation: fp32 per lane, then a warp butterfly.
 #include "common.cuh"
@@ -13,21 +13,17 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// Each codec decodes one group of 8 weights: group g (0 <= g < kGroup/8) of the block at `blk`.
 struct Q8_0 {
   static constexpr int kGroup = 32, kBytes = 34, kGridEntries = 0;
-  template <class F>
-  __device__ static void decode(const uint8_t* blk, const uint64_t*, F&& use) {
+  __device__ static void decode(const uint8_t* blk, int g, const uint64_t*, float w[8]) {
     const float d = load_half_a2(blk);
+    const uint8_t* q = blk + 2 + 8 * g;
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      float w[8];
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const uint16_t pair = *reinterpret_cast<const uint16_t*>(blk + 2 + 8 * g + j);
-        w[j] = d * float(int8_t(pair & 0xff));
-        w[j + 1] = d * float(int8_t(pair >> 8));
-      }
-      use(g, w);
+    for (int j = 0; j < 8; j += 2) {
+      const uint16_t pair = *reinterpret_cast<const uint16_t*>(q + j);
+      w[j] = d * float(int8_t(pair & 0xff));
+      w[j + 1] = d * float(int8_t(pair >> 8));
     }
   }
 };
@@ -43,46 +39,29 @@ __device__ __forceinline__ void iq2_group(uint64_t grid_entry, uint32_t sign7, f
 
 struct IQ2_XXS {
   static constexpr int kGroup = 256, kBytes = 66, kGridEntries = 256;
-  template <class F>
-  __device__ static void decode(const uint8_t* blk, const uint64_t* grid, F&& use) {
-    const float d = load_half_a2(blk);
-#pragma unroll 2
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t aux0 = load_u32_a2(blk + 2 + 8 * ib);
-      const uint32_t aux1 = load_u32_a2(blk + 6 + 8 * ib);
-      const float db = d * (0.5f + float(aux1 >> 28)) * 0.25f;
-#pragma unroll
-      for (int l = 0; l < 4; ++l) {
-        float w[8];
-        iq2_group(grid[(aux0 >> (8 * l)) & 0xff], (aux1 >> (7 * l)) & 127u, db, w);
-        use(4 * ib + l, w);
-      }
-    }
+  __device__ static void decode(const uint8_t* blk, int g, const uint64_t* grid, float w[8]) {
+    const int ib = g >> 2, l = g & 3;
+    const uint32_t aux0 = load_u32_a2(blk + 2 + 8 * ib);
+    const uint32_t aux1 = load_u32_a2(blk + 6 + 8 * ib);
+    const float db = load_half_a2(blk) * (0.5f + float(aux1 >> 28)) * 0.25f;
+    iq2_group(grid[(aux0 >> (8 * l)) & 0xff], (aux1 >> (7 * l)) & 127u, db, w);
   }
 };
 
 struct IQ2_XS {
   static constexpr int kGroup = 256, kBytes = 74, kGridEntries = 512;
-  template <class F>
-  __device__ static void decode(const uint8_t* blk, const uint64_t* grid, F&& use) {
-    const float d = load_half_a2(blk);
-    const uint16_t* qs = reinterpret_cast<const uint16_t*>(blk + 2);
-#pragma unroll 2
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t sc = blk[66 + ib];
-      const float db_lo = d * (0.5f + float(sc & 15u)) * 0.25f;
-      const float db_hi = d * (0.5f + float(sc >> 4)) * 0.25f;
-#pragma unroll
-      for (int l = 0; l < 4; ++l) {
-        const uint32_t q = qs[4 * ib + l];
-        float w[8];
-        iq2_group(grid[q & 511u], q >> 9, l < 2 ? db_lo : db_hi, w);
-        use(4 * ib + l, w);
-      }
-    }
+  __device__ static void decode(const uint8_t* blk, int g, const uint64_t* grid, float w[8]) {
+    const uint32_t q = reinterpret_cast<const uint16_t*>(blk + 2)[g];
+    const uint32_t sc = blk[66 + (g >> 2)];
+    const uint32_t nibble = (g & 3) < 2 ? (sc & 15u) : (sc >> 4);
+    const float db = load_half_a2(blk) * (0.5f + float(nibble)) * 0.25f;
+    iq2_group(grid[q & 511u], q >> 9, db, w);
   }
 };
 
+// A warp step covers 256 consecutive weights of its row: lane l decodes group l (weights 8l..8l+7), so the
+// lanes read consecutive activation bytes (16 B each, coalesced) and neighbouring block bytes. For IQ2 that
+// is one block per step; for Q8_0, eight.
 template <class Codec, int MAXM>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_kernel(const uint8_t* __restrict__ w, const uint64_t* __restrict__ grid_global,
@@ -92,29 +71,29 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   for (int i = threadIdx.x; i < Codec::kGridEntries; i += blockDim.x) grid[i] = grid_global[i];
   __syncthreads();
 
+  constexpr int kGroupsPerBlock = Codec::kGroup / 8;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
-  const int blocks = K / Codec::kGroup;
-  const uint8_t* w_row = w + size_t(row) * blocks * Codec::kBytes;
+  const uint8_t* w_row = w + size_t(row) * (K / Codec::kGroup) * Codec::kBytes;
 
   float acc[MAXM];
 #pragma unroll
   for (int m = 0; m < MAXM; ++m) acc[m] = 0.f;
 
-  for (int b = lane; b < blocks; b += 32) {
-    const int k0 = b * Codec::kGroup;
-    Codec::decode(w_row + size_t(b) * Codec::kBytes, grid, [&](int g, const float wv[8]) {
+  for (int k = 8 * lane; k < K; k += 256) {
+    const int group = k / 8;
+    float wv[8];
+    Codec::decode(w_row + size_t(group / kGroupsPerBlock) * Codec::kBytes, group % kGroupsPerBlock, grid, wv);
 #pragma unroll
-      for (int m = 0; m < MAXM; ++m) {
-        if (m < M) {
-          float xv[8];
-          load_x8(x + size_t(m) * K + k0 + 8 * g, xv);
+    for (int m = 0; m < MAXM; ++m) {
+      if (m < M) {
+        float xv[8];
+        load_x8(x + size_t(m) * K + k, xv);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[m] = fmaf(wv[j], xv[j], acc[m]);
-        }
+        for (int j = 0; j < 8; ++j) acc[m] = fmaf(wv[j], xv[j], acc[m]);
       }
-    });
+    }
   }
 #pragma unroll
   for (int m = 0; m < MAXM; ++m) {
