@@ -39,25 +39,30 @@ def _reference(q: Query) -> tuple[bool, str]:
     return False, f"the reference runs on {q.device.type} only when asked for with path='reference'"
 
 
-def _cuda_gemv_ggml(q: Query) -> tuple[bool, str]:
-    from .cuda_paths import GGML, kernels_unavailable
+def _cuda_kernel(q: Query) -> str:
+    """Why a CUDA kernel cannot take a query whatever its shape ('' when it can)."""
+    from .cuda_paths import kernels_unavailable
 
-    if q.device.type != "cuda" or q.path == "reference":
-        return False, "CUDA only, and not when the reference was asked for"
+    if q.device.type != "cuda":
+        return f"needs a CUDA device, the op is on {q.device}"
+    if q.path == "reference":
+        return "path='reference' was asked for"
+    return kernels_unavailable()
+
+
+def _cuda_gemv_ggml(q: Query) -> tuple[bool, str]:
+    from .cuda_paths import GGML
+
     if q.op != "linear" or q.format not in GGML or q.activation != "bf16":
         return False, f"runs linear {'/'.join(GGML)} × bf16, not {q.op} {q.format} × {q.activation}"
-    why = kernels_unavailable()
+    why = _cuda_kernel(q)
     return (False, why) if why else (True, "CUDA GEMV over raw GGML blocks (M <= 16 per launch)")
 
 
 def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
-    from .cuda_paths import kernels_unavailable
-
-    if q.device.type != "cuda" or q.path == "reference":
-        return False, "CUDA only, and not when the reference was asked for"
     if q.op != "embedding":
         return False, f"runs embedding Q8_0, not {q.op}"
-    why = kernels_unavailable()
+    why = _cuda_kernel(q)
     return (False, why) if why else (True, "CUDA Q8_0 row gather")
 
 

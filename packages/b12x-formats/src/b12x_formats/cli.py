@@ -66,33 +66,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable rows")
     p.set_defaults(run=_inspect)
 
+    def writes_to(p):  # every command that writes a checkpoint: OUT_DIR, replaced only with --force
+        p.add_argument("out_dir")
+        p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+
     p = sub.add_parser("quantize", help="quantize a bf16/fp16 Hugging Face checkpoint into ModelOpt mixed precision")
     p.add_argument("hf_dir")
-    p.add_argument("out_dir")
+    writes_to(p)
     p.add_argument("--default", required=True, metavar="FMT", help=f"format of linear layers: {', '.join(formats())}")
     p.add_argument(
         "--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins"
     )
     p.add_argument("--keep", action="append", default=[], metavar="GLOB", help="modules to keep floating point")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     p.set_defaults(run=_quantize)
 
     p = sub.add_parser("convert-gguf", help="turn a llama.cpp GGUF model into a ModelOpt mixed-precision checkpoint")
     p.add_argument("gguf_file")
-    p.add_argument("out_dir")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    writes_to(p)
     p.set_defaults(run=_convert_gguf)
 
     p = sub.add_parser("dequantize", help="decode a quantized checkpoint back to a bf16 one (a float reference)")
     p.add_argument("ckpt_dir")
-    p.add_argument("out_dir")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    writes_to(p)
     p.set_defaults(run=_dequantize)
 
     p = sub.add_parser("example", help="write a tiny random bf16 checkpoint (the demo's input)")
-    p.add_argument("out_dir")
+    writes_to(p)
     p.add_argument("--arch", choices=["llama", "qwen3_moe"], default="llama")
-    p.add_argument("--force", action="store_true")
     p.set_defaults(run=_example)
 
     p = sub.add_parser("formats", help="list the supported weight formats")

@@ -33,100 +33,86 @@ TINY_LLAMA = {
     "eos_token_id": 2,
 }
 
-
-def llama_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random bf16 weights with the parameter names and shapes of transformers' LlamaForCausalLM."""
-    rng = np.random.default_rng(seed)
-    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    hd = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-
-    def linear(n, k):
-        return (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
-
-    def norm():
-        return (1 + 0.1 * rng.standard_normal(h, dtype=np.float32)).astype(ml_dtypes.bfloat16)
-
-    out = {"model.embed_tokens.weight": linear(v, h)}
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        out |= {
-            f"{p}.input_layernorm.weight": norm(),
-            f"{p}.self_attn.q_proj.weight": linear(q, h),
-            f"{p}.self_attn.k_proj.weight": linear(kv, h),
-            f"{p}.self_attn.v_proj.weight": linear(kv, h),
-            f"{p}.self_attn.o_proj.weight": linear(h, q),
-            f"{p}.post_attention_layernorm.weight": norm(),
-            f"{p}.mlp.gate_proj.weight": linear(i, h),
-            f"{p}.mlp.up_proj.weight": linear(i, h),
-            f"{p}.mlp.down_proj.weight": linear(h, i),
-        }
-    out |= {"model.norm.weight": norm(), "lm_head.weight": linear(v, h)}
-    return out
-
-
 TINY_QWEN3_MOE = {
+    **TINY_LLAMA,
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
-    "hidden_size": 256,
-    "intermediate_size": 512,
     "moe_intermediate_size": 256,
     "num_experts": 8,
     "num_experts_per_tok": 2,
     "norm_topk_prob": True,
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
     "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "hidden_act": "silu",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
+
+
+class _Random:
+    """bf16 tensors with the scale of a trained layer (weights ~ 1/sqrt(K), norms ~ 1)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def linear(self, n: int, k: int) -> np.ndarray:
+        return (self.rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
+
+    def norm(self, size: int) -> np.ndarray:
+        return (1 + 0.1 * self.rng.standard_normal(size, dtype=np.float32)).astype(ml_dtypes.bfloat16)
+
+
+def _decoder(config: dict, seed: int, mlp) -> dict[str, np.ndarray]:
+    """Embedding, attention blocks (q/k norms when `qk_norm`), `mlp(random, prefix)` per layer, head."""
+    r = _Random(seed)
+    h, v = config["hidden_size"], config["vocab_size"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    out = {"model.embed_tokens.weight": r.linear(v, h)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out |= {
+            f"{p}.input_layernorm.weight": r.norm(h),
+            f"{p}.self_attn.q_proj.weight": r.linear(q, h),
+            f"{p}.self_attn.k_proj.weight": r.linear(kv, h),
+            f"{p}.self_attn.v_proj.weight": r.linear(kv, h),
+            f"{p}.self_attn.o_proj.weight": r.linear(h, q),
+            f"{p}.post_attention_layernorm.weight": r.norm(h),
+        }
+        if config["model_type"].startswith("qwen3"):
+            out |= {f"{p}.self_attn.q_norm.weight": r.norm(hd), f"{p}.self_attn.k_norm.weight": r.norm(hd)}
+        out |= mlp(r, p)
+    out |= {"model.norm.weight": r.norm(h), "lm_head.weight": r.linear(v, h)}
+    return out
+
+
+def llama_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random bf16 weights with the parameter names and shapes of transformers' LlamaForCausalLM."""
+    h, i = config["hidden_size"], config["intermediate_size"]
+
+    def mlp(r, p):
+        return {
+            f"{p}.mlp.gate_proj.weight": r.linear(i, h),
+            f"{p}.mlp.up_proj.weight": r.linear(i, h),
+            f"{p}.mlp.down_proj.weight": r.linear(h, i),
+        }
+
+    return _decoder(config, seed, mlp)
 
 
 def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Random bf16 weights with the (per-expert) parameter names of Qwen3MoeForCausalLM checkpoints."""
-    rng = np.random.default_rng(seed)
-    h, ie, v, e = config["hidden_size"], config["moe_intermediate_size"], config["vocab_size"], config["num_experts"]
-    hd = config["head_dim"]
-    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    h, ie, e = config["hidden_size"], config["moe_intermediate_size"], config["num_experts"]
 
-    def linear(n, k):
-        return (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
-
-    def norm(size=h):
-        return (1 + 0.1 * rng.standard_normal(size, dtype=np.float32)).astype(ml_dtypes.bfloat16)
-
-    out = {"model.embed_tokens.weight": linear(v, h)}
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        out |= {
-            f"{p}.input_layernorm.weight": norm(),
-            f"{p}.self_attn.q_proj.weight": linear(q, h),
-            f"{p}.self_attn.k_proj.weight": linear(kv, h),
-            f"{p}.self_attn.v_proj.weight": linear(kv, h),
-            f"{p}.self_attn.o_proj.weight": linear(h, q),
-            f"{p}.self_attn.q_norm.weight": norm(hd),
-            f"{p}.self_attn.k_norm.weight": norm(hd),
-            f"{p}.post_attention_layernorm.weight": norm(),
-            f"{p}.mlp.gate.weight": linear(e, h),
-        }
+    def mlp(r, p):
+        out = {f"{p}.mlp.gate.weight": r.linear(e, h)}
         for x in range(e):
             out |= {
-                f"{p}.mlp.experts.{x}.gate_proj.weight": linear(ie, h),
-                f"{p}.mlp.experts.{x}.up_proj.weight": linear(ie, h),
-                f"{p}.mlp.experts.{x}.down_proj.weight": linear(h, ie),
+                f"{p}.mlp.experts.{x}.gate_proj.weight": r.linear(ie, h),
+                f"{p}.mlp.experts.{x}.up_proj.weight": r.linear(ie, h),
+                f"{p}.mlp.experts.{x}.down_proj.weight": r.linear(h, ie),
             }
-    out |= {"model.norm.weight": norm(), "lm_head.weight": linear(v, h)}
-    return out
+        return out
+
+    return _decoder(config, seed, mlp)
 
 
 EXAMPLES = {"llama": (TINY_LLAMA, llama_tensors), "qwen3_moe": (TINY_QWEN3_MOE, qwen3_moe_tensors)}
