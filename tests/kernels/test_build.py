@@ -29,6 +29,12 @@ def test_fat_binary_holds_sm90_sm120a_sm121a():
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
     tool = shutil.which("cuobjdump") or next(iter(Path("/usr/local/cuda/bin").glob("cuobjdump")), None)
+    if tool is None:  # CI: the nvidia-cuda-cuobjdump wheel (nox installs it)
+        import importlib.util
+
+        nvidia = importlib.util.find_spec("nvidia")
+        roots = nvidia.submodule_search_locations if nvidia else []
+        tool = next((p for root in roots for p in Path(root).glob("*/bin/cuobjdump")), None)
     if tool is None:
         pytest.skip("cuobjdump not found")
     listing = subprocess.run([str(tool), "--list-elf", b12x_kernels._C.__file__], capture_output=True, text=True).stdout
