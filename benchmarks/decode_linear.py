@@ -66,19 +66,49 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-4 * L2_BYTES // nbytes))
 
 
-def random_ggml(fmt: str, n: int, k: int) -> bf.QuantizedWeight:
-    """Random valid blocks made on the GPU (timing does not depend on values; quantizing 235M weights would)."""
-    s = bf.spec(fmt)
-    blocks = torch.randint(0, 256, (n, k // s.group_size, s.block_bytes), dtype=torch.uint8, device="cuda")
-    blocks[..., :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8).cuda()
-    return bf.QuantizedWeight.from_tensors(fmt, {"weight": blocks.cpu()})
+def random_weight(fmt: str, n: int, k: int) -> bf.QuantizedWeight:
+    """Random valid checkpoint tensors of any format (timing does not depend on values, and quantizing 235 M
+    weights on the host would take minutes): random bytes, E4M3 codes without NaN, modest scales."""
+    import ml_dtypes
+    import numpy as np
+
+    from b12x_formats.quantized import codec_for
+    from b12x_formats.spec import PER_TENSOR
+
+    codec = codec_for(fmt)
+    tensors = {}
+    for spec in codec.spec.tensors:
+        if not spec.required:
+            continue
+        shape = codec.expected_shapes((), n, k)[spec.name]
+        if shape == PER_TENSOR:
+            tensors[spec.name] = np.float32(0.01)
+        elif spec.dtype == "float32":
+            tensors[spec.name] = np.full(shape, 0.01, np.float32)
+        else:
+            codes = torch.randint(0, 256, shape, dtype=torch.uint8).numpy()
+            if spec.dtype == "float8_e4m3fn":
+                codes = (codes & 0x7E).view(ml_dtypes.float8_e4m3fn)  # no NaN, no sign (valid UE4M3 too)
+            elif spec.name == "weight_scale":  # E8M0: near 2^0
+                codes = (120 + codes % 16).astype(np.uint8)
+            elif codec.spec.packing == "ggml":
+                codes[..., :2] = np.array([0.01], np.float16).view(np.uint8)
+            tensors[spec.name] = codes
+    return bf.QuantizedWeight.from_tensors(fmt, tensors)
+
+
+def weight_bytes(lin) -> int:
+    if lin.blocks is not None:
+        return lin.blocks.numel()
+    return sum(s.weight.numel() + (0 if s.scales is None else s.scales.numel() * s.scales.element_size())
+               for s in lin.element_shards)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="28672x8192,8192x28672,4096x14336")
     parser.add_argument("--ms", default="1,2,4,8,16")
-    parser.add_argument("--formats", default="IQ2_XS,IQ2_XXS,Q8_0")
+    parser.add_argument("--formats", default="IQ2_XS,IQ2_XXS,Q8_0,NVFP4,MXFP4,MXFP8,FP8")
     parser.add_argument("--out", default="decode_linear.json")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -92,14 +122,15 @@ def main() -> None:
         bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
         fp8_w = [w.to(torch.float8_e4m3fn) for w in bf16_w[: copies_for(n * k)]]
         one = torch.ones((), device="cuda")
-        preps = {
-            fmt: [bc.prepare_linear(random_ggml(fmt, n, k), device="cuda", max_tokens=16)]
-            for fmt in args.formats.split(",")
-        }
-        for fmt, plist in preps.items():
-            nbytes = plist[0].blocks.numel()
-            while len(plist) < copies_for(nbytes):  # more weights at new addresses, so none stays in L2
-                plist.append(bc.prepare_linear(random_ggml(fmt, n, k), device="cuda", max_tokens=16))
+        preps = {}
+        for fmt in args.formats.split(","):
+            weight = random_weight(fmt, n, k)
+            first = bc.prepare_linear(weight, device="cuda", max_tokens=16)
+            # more copies at new addresses, so no weight stays in L2
+            preps[fmt] = [first] + [
+                bc.prepare_linear(weight, device="cuda", max_tokens=16)
+                for _ in range(copies_for(weight_bytes(first)) - 1)
+            ]
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             xp = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)  # _scaled_mm wants M % 16 == 0
@@ -111,7 +142,7 @@ def main() -> None:
             base = [("bf16 F.linear", t_bf16, 2 * n * k), ("fp8 _scaled_mm", t_fp8, n * k)]
             for fmt, plist in preps.items():
                 t = time_graph(lambda i: bc.linear(x, plist[i]), len(plist))
-                base.append((fmt, t, plist[0].blocks.numel()))
+                base.append((fmt, t, weight_bytes(plist[0])))
             for name, t, nbytes in base:
                 gbs = nbytes / t / 1e3
                 row = dict(shape=shape, m=m, format=name, us=t, gbs=gbs, pct_copy=100 * gbs / bw,

@@ -95,3 +95,40 @@ def test_embedding_matches_reference(rng):
     for dtype in (torch.int32, torch.int64):
         ids = torch.from_numpy(rng.integers(0, 777, size=(4, 9))).to(dtype)
         assert torch.equal(bc.embedding(ids.cuda(), gpu).cpu(), bc.embedding(ids, cpu))
+
+
+ELEMENT = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "W4A16_NVFP4", "MXFP4"]
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 21])
+@pytest.mark.parametrize("n,k", [(200, 512), (136, 2048)])
+def test_element_gemv_matches_reference(rng, fmt, m, n, k):
+    qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    gpu = bc.prepare_linear(qw, device="cuda", max_tokens=64)
+    assert gpu.path == "cuda_gemv_elem"
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    y = bc.linear(x.cuda(), gpu, bias.cuda())
+    close(y, bc.linear(x, bc.prepare_linear(qw), bias))
+    assert torch.equal(bc.linear(x.cuda(), gpu, bias.cuda()), y)
+
+
+@pytest.mark.parametrize("fmt", ["FP8", "NVFP4"])
+def test_element_shards_with_their_own_scales(rng, fmt):
+    k = 512
+    shards = [
+        bf.quantize(rng.standard_normal((rows, k)).astype(np.float32) * (i + 1), fmt)
+        for i, rows in enumerate((64, 40, 24))
+    ]
+    x = torch.randn(5, k, dtype=torch.bfloat16)
+    bias = torch.randn(128, dtype=torch.bfloat16)
+    y = bc.linear(x.cuda(), bc.prepare_linear(shards, device="cuda"), bias.cuda())
+    close(y, bc.linear(x, bc.prepare_linear(shards), bias))
+
+
+def test_fp8_with_quantized_activations_stays_on_request_only(rng):
+    qw = bf.quantize(rng.standard_normal((64, 256)).astype(np.float32), "FP8")
+    with pytest.raises(bc.UnsupportedError, match="path='reference'"):
+        bc.prepare_linear(qw, device="cuda", activation="fp8")
+    assert bc.prepare_linear(qw, device="cuda", activation="fp8", path="reference").path == "reference"

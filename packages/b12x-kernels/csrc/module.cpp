@@ -55,6 +55,22 @@ PYBIND11_MODULE(_C, m) {
       py::arg("N"), py::arg("K"), py::arg("stream"));
 
   m.def(
+      "gemv_elem",
+      [](int format, std::uintptr_t w, std::uintptr_t scales, float tensor_scale, std::uintptr_t x,
+         std::uintptr_t bias, std::uintptr_t y, int ldy, int M, int N, int K, std::uintptr_t stream) {
+        if (M < 1 || M > 16) throw std::invalid_argument("gemv_elem: M must be in 1..16, got " + std::to_string(M));
+        if (K % 8) throw std::invalid_argument("gemv_elem: K must be a multiple of 8");
+        if (!w || !x || !y || (format != b12x::kFP8 && !scales))
+          throw std::invalid_argument("gemv_elem: null pointer");
+        check(b12x::gemv_elem(format, ptr<const uint8_t>(w), ptr<const uint8_t>(scales), tensor_scale,
+                              ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y),
+                              ldy, M, N, K, reinterpret_cast<cudaStream_t>(stream)),
+              "gemv_elem launch");
+      },
+      py::arg("format"), py::arg("w"), py::arg("scales"), py::arg("tensor_scale"), py::arg("x"), py::arg("bias"),
+      py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("stream"));
+
+  m.def(
       "embedding_q8_0",
       [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,
          std::uintptr_t stream) {

@@ -6,9 +6,13 @@ never synchronises, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 GGML = ("Q8_0", "IQ2_XXS", "IQ2_XS")
+ELEMENT = ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "W4A16_NVFP4", "MXFP4")
 DECODE_MAX_M = 16  # the GEMV kernels take up to 16 tokens per launch
 
 
@@ -48,6 +52,60 @@ def linear_ggml(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor
             lin.format, lin.blocks.data_ptr(), grid, x2[start].data_ptr(), 0 if bias is None else bias.data_ptr(),
             y[start].data_ptr(), rows, lin.n, lin.k, stream,
         )  # fmt: skip
+    return y.reshape(*x.shape[:-1], lin.n)
+
+
+@dataclass
+class ElementShard:
+    """One row shard of an element-format weight, as the kernel reads it."""
+
+    weight: torch.Tensor  # uint8 view of the checkpoint bytes
+    scales: torch.Tensor | None  # block scales (uint8 codes, or float32 for FP8_BLOCK)
+    tensor_scale: float
+    row: int  # first output row
+    rows: int
+
+
+def element_shards(shards, device) -> list[ElementShard]:
+    """Upload each shard's checkpoint tensors unchanged (fp8 as its bytes)."""
+    out, row = [], 0
+    for p in shards:
+        t = p.tensors
+        fmt = p.format
+        scales = {"FP8": None, "FP8_BLOCK": "weight_scale_inv"}.get(fmt, "weight_scale")
+        tensor_scale = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
+        scale_array = None if scales is None else np.ascontiguousarray(t[scales])
+        if scale_array is not None and scale_array.dtype != np.float32:
+            scale_array = scale_array.view(np.uint8)
+        out.append(
+            ElementShard(
+                weight=torch.from_numpy(np.ascontiguousarray(t["weight"]).view(np.uint8)).to(device),
+                scales=None if scale_array is None else torch.from_numpy(scale_array).to(device),
+                tensor_scale=1.0 if tensor_scale is None else float(np.asarray(t[tensor_scale]).reshape(-1)[0]),
+                row=row,
+                rows=p.shape[0],
+            )
+        )
+        row += p.shape[0]
+    return out
+
+
+def linear_element(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
+    import b12x_kernels
+
+    x2 = x.reshape(-1, lin.k).contiguous()
+    y = torch.empty(x2.shape[0], lin.n, dtype=torch.bfloat16, device=x.device)
+    if bias is not None and bias.dtype != torch.bfloat16:
+        bias = bias.to(torch.bfloat16)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    for start in range(0, x2.shape[0], DECODE_MAX_M):
+        tokens = min(DECODE_MAX_M, x2.shape[0] - start)
+        for s in lin.element_shards:  # each shard writes its columns of y (row stride N)
+            b12x_kernels.gemv_elem(
+                lin.format, s.weight.data_ptr(), 0 if s.scales is None else s.scales.data_ptr(), s.tensor_scale,
+                x2[start].data_ptr(), 0 if bias is None else bias[s.row:].data_ptr(), y[start, s.row:].data_ptr(),
+                lin.n, tokens, s.rows, lin.k, stream,
+            )  # fmt: skip
     return y.reshape(*x.shape[:-1], lin.n)
 
 

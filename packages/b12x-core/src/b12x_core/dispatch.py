@@ -1,6 +1,7 @@
 """Which implementation runs a prepared op: an ordered table of candidates, each answering (ok, reason).
 
-CUDA kernels so far: GEMV for the GGML block codecs and the Q8_0 embedding; the rest runs the reference.
+CUDA kernels so far: bf16-activation GEMV for every format and the Q8_0 embedding; quantized activations,
+prefill tiles and MoE still run the reference.
 The reference runs wherever torch runs, but on CUDA only when asked for (`path="reference"`): b12x never
 silently falls back to a slow path on the GPU.
 """
@@ -23,6 +24,7 @@ class Query:
     activation: str
     device: torch.device
     path: str  # "auto" | "reference"
+    k: int = 0  # input features (linear), for kernels with alignment rules
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,17 @@ def _cuda_gemv_ggml(q: Query) -> tuple[bool, str]:
     return (False, why) if why else (True, "CUDA GEMV over raw GGML blocks (M <= 16 per launch)")
 
 
+def _cuda_gemv_elem(q: Query) -> tuple[bool, str]:
+    from .cuda_paths import ELEMENT
+
+    if q.op != "linear" or q.format not in ELEMENT or q.activation != "bf16":
+        return False, f"runs linear {'/'.join(ELEMENT)} × bf16, not {q.op} {q.format} × {q.activation}"
+    if q.k % 8:
+        return False, f"needs K % 8 == 0, K is {q.k}"
+    why = _cuda_kernel(q)
+    return (False, why) if why else (True, "CUDA GEMV over element formats (M <= 16 per launch)")
+
+
 def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
     if q.op != "embedding":
         return False, f"runs embedding Q8_0, not {q.op}"
@@ -69,6 +82,7 @@ def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
 # In order of preference: the first candidate that can run a query runs it.
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("cuda_gemv_ggml", _cuda_gemv_ggml),
+    Candidate("cuda_gemv_elem", _cuda_gemv_elem),
     Candidate("cuda_embedding_q8_0", _cuda_embedding_q8_0),
     Candidate("reference", _reference),
 )

@@ -78,6 +78,7 @@ class PreparedLinear:
     input_scale: float | None = None
     blocks: torch.Tensor | None = field(default=None, repr=False)  # CUDA GGML: the checkpoint's blocks
     grid: torch.Tensor | None = field(default=None, repr=False)  # CUDA IQ2: grid table
+    element_shards: list | None = field(default=None, repr=False)  # CUDA element formats: per-shard tensors
     query: Query | None = None  # what dispatch was asked (explain() replays it)
     handle: int = 0
 
@@ -109,7 +110,7 @@ def prepare_linear(
     device = resolve_device(device)
     scale = input_scale_of(shards)
     mode = activation_mode(fmt, activation, scale is not None)
-    query = Query("linear", fmt, activation, device, path)
+    query = Query("linear", fmt, activation, device, path, k=shards[0].shape[1])
     chosen = choose(query)
     n, k = sum(p.shape[0] for p in shards), shards[0].shape[1]
     if chosen == "cuda_gemv_ggml":
@@ -118,6 +119,11 @@ def prepare_linear(
         blocks = np.concatenate([p.tensors["weight"] for p in shards])  # the source bytes, unchanged
         lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale)
         lin.blocks, lin.grid = torch.from_numpy(blocks).to(device), grid_table(fmt, device)
+    elif chosen == "cuda_gemv_elem":
+        from .cuda_paths import element_shards
+
+        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale)
+        lin.element_shards = element_shards(shards, device)
     else:
         weight = dequantize_rows(shards, device)
         lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, weight, scale)

@@ -16,6 +16,8 @@ def _linear(x: torch.Tensor, handle: int, bias: torch.Tensor | None) -> torch.Te
     lin = _registry.lookup(handle)
     if lin.path == "cuda_gemv_ggml":
         return cuda_paths.linear_ggml(x, lin, bias)
+    if lin.path == "cuda_gemv_elem":
+        return cuda_paths.linear_element(x, lin, bias)
     return linear_reference(x, lin, bias)
 
 

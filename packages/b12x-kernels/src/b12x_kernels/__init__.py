@@ -9,6 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 GGML_FORMAT_IDS = {"Q8_0": 0, "IQ2_XXS": 1, "IQ2_XS": 2}
+ELEM_FORMAT_IDS = {"FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4}
 
 try:
     from . import _C
@@ -38,6 +39,24 @@ def compiled_archs() -> list[str]:
 def gemv_ggml(fmt: str, w: int, grid: int, x: int, bias: int, y: int, m: int, n: int, k: int, stream: int) -> None:
     """y[m, n] = x @ W.T (+ bias) for M <= 16, W raw GGML blocks; all arguments are device pointers / sizes."""
     _C.gemv_ggml(GGML_FORMAT_IDS[fmt], w, grid, x, bias, y, m, n, k, stream)
+
+
+def gemv_elem(
+    fmt: str,
+    w: int,
+    scales: int,
+    tensor_scale: float,
+    x: int,
+    bias: int,
+    y: int,
+    ldy: int,
+    m: int,
+    n: int,
+    k: int,
+    stream: int,
+) -> None:
+    """y[m, :n] (row stride ldy) = x @ W.T * tensor_scale (+ bias) for FP8 / FP8_BLOCK / MXFP8 / NVFP4 / MXFP4."""
+    _C.gemv_elem(ELEM_FORMAT_IDS[fmt], w, scales, tensor_scale, x, bias, y, ldy, m, n, k, stream)
 
 
 def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:
