@@ -103,7 +103,9 @@ def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     h, ie, e = config["hidden_size"], config["moe_intermediate_size"], config["num_experts"]
 
     def mlp(r, p):
-        out = {f"{p}.mlp.gate.weight": r.linear(e, h)}
+        # A decisive router (8× a random layer's scale), as trained routers are: top-k choices then do not hinge
+        # on near ties, so comparisons of tiny models are not dominated by routing flips.
+        out = {f"{p}.mlp.gate.weight": (r.linear(e, h).astype(np.float32) * 8).astype(ml_dtypes.bfloat16)}
         for x in range(e):
             out |= {
                 f"{p}.mlp.experts.{x}.gate_proj.weight": r.linear(ie, h),
