@@ -36,23 +36,33 @@ def grid_table(fmt: str, device) -> torch.Tensor | None:
     return torch.from_numpy(tables.iq2_grid_u64(grid).view(np.int64).copy()).to(device)
 
 
-def linear_ggml(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
-    import b12x_kernels
-
+def _decode_launches(x: torch.Tensor, lin, bias: torch.Tensor | None, launch) -> torch.Tensor:
+    """Output allocation and the token loop shared by the GEMV paths: `launch(x_ptr, y_ptr, bias_ptr_or_0,
+    tokens, stream)` runs one kernel call for up to DECODE_MAX_M tokens. Until the prefill kernels land, larger M
+    runs as consecutive 16-token GEMVs (correct, not fast)."""
     x2 = x.reshape(-1, lin.k).contiguous()
     y = torch.empty(x2.shape[0], lin.n, dtype=torch.bfloat16, device=x.device)
     if bias is not None and bias.dtype != torch.bfloat16:
         bias = bias.to(torch.bfloat16)
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    grid = lin.grid.data_ptr() if lin.grid is not None else 0
-    # Until the prefill kernels land, larger M runs as consecutive 16-token GEMVs (correct, not fast).
     for start in range(0, x2.shape[0], DECODE_MAX_M):
-        rows = min(DECODE_MAX_M, x2.shape[0] - start)
-        b12x_kernels.gemv_ggml(
-            lin.format, lin.blocks.data_ptr(), grid, x2[start].data_ptr(), 0 if bias is None else bias.data_ptr(),
-            y[start].data_ptr(), rows, lin.n, lin.k, stream,
-        )  # fmt: skip
+        tokens = min(DECODE_MAX_M, x2.shape[0] - start)
+        launch(x2[start], y[start], bias, tokens, stream)
     return y.reshape(*x.shape[:-1], lin.n)
+
+
+def linear_ggml(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
+    import b12x_kernels
+
+    grid = lin.grid.data_ptr() if lin.grid is not None else 0
+
+    def launch(x_row, y_row, bias, tokens, stream):
+        b12x_kernels.gemv_ggml(
+            lin.format, lin.blocks.data_ptr(), grid, x_row.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            y_row.data_ptr(), tokens, lin.n, lin.k, stream,
+        )  # fmt: skip
+
+    return _decode_launches(x, lin, bias, launch)
 
 
 @dataclass
@@ -93,20 +103,15 @@ def element_shards(shards, device) -> list[ElementShard]:
 def linear_element(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
     import b12x_kernels
 
-    x2 = x.reshape(-1, lin.k).contiguous()
-    y = torch.empty(x2.shape[0], lin.n, dtype=torch.bfloat16, device=x.device)
-    if bias is not None and bias.dtype != torch.bfloat16:
-        bias = bias.to(torch.bfloat16)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    for start in range(0, x2.shape[0], DECODE_MAX_M):
-        tokens = min(DECODE_MAX_M, x2.shape[0] - start)
+    def launch(x_row, y_row, bias, tokens, stream):
         for s in lin.element_shards:  # each shard writes its columns of y (row stride N)
             b12x_kernels.gemv_elem(
                 lin.format, s.weight.data_ptr(), 0 if s.scales is None else s.scales.data_ptr(), s.tensor_scale,
-                x2[start].data_ptr(), 0 if bias is None else bias[s.row:].data_ptr(), y[start, s.row:].data_ptr(),
+                x_row.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(), y_row[s.row :].data_ptr(),
                 lin.n, tokens, s.rows, lin.k, stream,
             )  # fmt: skip
-    return y.reshape(*x.shape[:-1], lin.n)
+
+    return _decode_launches(x, lin, bias, launch)
 
 
 def embedding_q8_0(ids: torch.Tensor, emb) -> torch.Tensor:
