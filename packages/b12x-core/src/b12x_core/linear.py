@@ -113,21 +113,19 @@ def prepare_linear(
     query = Query("linear", fmt, activation, device, path, k=shards[0].shape[1])
     chosen = choose(query)
     n, k = sum(p.shape[0] for p in shards), shards[0].shape[1]
+    lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale, query=query)
     if chosen == "cuda_gemv_ggml":
         from .cuda_paths import grid_table
 
         blocks = np.concatenate([p.tensors["weight"] for p in shards])  # the source bytes, unchanged
-        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale)
         lin.blocks, lin.grid = torch.from_numpy(blocks).to(device), grid_table(fmt, device)
     elif chosen == "cuda_gemv_elem":
         from .cuda_paths import element_shards
 
-        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale)
         lin.element_shards = element_shards(shards, device)
     else:
-        weight = dequantize_rows(shards, device)
-        lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, weight, scale)
-    lin.query, lin.handle = query, _registry.register(lin)
+        lin.weight = dequantize_rows(shards, device)
+    lin.handle = _registry.register(lin)
     return lin
 
 
