@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--linear-backend")
     parser.add_argument("--moe-backend")
     parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -36,7 +37,8 @@ def main() -> None:
     start = time.perf_counter()
     llm = LLM(
         model=args.model, enforce_eager=True, skip_tokenizer_init=True, max_model_len=128, max_num_seqs=4,
-        max_num_batched_tokens=128, dtype="bfloat16", seed=0, **kwargs,
+        max_num_batched_tokens=128, dtype="bfloat16", seed=0, tensor_parallel_size=args.tensor_parallel_size,
+        **kwargs,
     )  # fmt: skip
     loaded = time.perf_counter()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, prompt_logprobs=1, detokenize=False)
@@ -50,7 +52,7 @@ def main() -> None:
             None if step is None else {str(t): lp.logprob for t, lp in step.items()} for step in out.prompt_logprobs
         ]
         result["requests"].append({"tokens": list(gen.token_ids), "logprobs": steps, "prompt_logprobs": prompt})
-    from b12x_vllm import report  # the engine ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    from b12x_vllm import report  # the engine ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, TP=1)
 
     result["b12x"] = report.summary()
     result["quantization"] = llm.llm_engine.vllm_config.model_config.quantization

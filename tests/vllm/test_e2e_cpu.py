@@ -40,9 +40,12 @@ MOE_LAYERS = [
 ]  # fmt: skip
 
 
-def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False) -> dict:
+def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: int = 1) -> dict:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env["VLLM_B12X_MOE_FP4_FORCE_A16"] = "1" if force_a16 else "0"
+    if tp > 1:  # workers run in processes of their own, one core each
+        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(tp)))}
+        flags = (*flags, "--tensor-parallel-size", str(tp))
     proc = subprocess.run(
         [sys.executable, str(RUNNER), str(model), str(out), *flags],
         env=env,
@@ -109,6 +112,22 @@ def test_mixed_precision_model_matches_its_float_twin(tmp_path, arch, default, l
     assert expected <= ran, ours["b12x"]
     assert all(key.endswith("-> reference") for key in ours["b12x"])
     compare(ours, ref)
+
+
+TP_LAYERS = [  # per-rank K stays a multiple of every group: o_proj (K=256) and down_proj (K=512) split in two
+    "model.layers.0.self_attn.[qkv]_proj=MXFP4", "model.layers.1.self_attn.[qkv]_proj=FP8",
+    "model.layers.0.self_attn.o_proj=NVFP4", "model.layers.1.self_attn.o_proj=Q8_0",
+    "model.layers.1.mlp.down_proj=Q8_0", "model.embed_tokens=Q8_0", "lm_head=Q8_0",
+]  # fmt: skip
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism on CPU needs a core per rank")
+def test_tensor_parallel_two_ranks(tmp_path):
+    """Column- and row-parallel shards (fused qkv / gate_up, vocab-split embedding and head) on whole blocks."""
+    quantized, floating = build(tmp_path, "llama", "IQ2_XS", TP_LAYERS)
+    ours = run_vllm(quantized, tmp_path / "ours.json", tp=2)
+    assert ours["quantization"] == "b12x"
+    compare(ours, run_vllm(floating, tmp_path / "ref.json"))
 
 
 def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path):
