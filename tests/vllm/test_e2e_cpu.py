@@ -130,6 +130,15 @@ def test_tensor_parallel_two_ranks(tmp_path):
     compare(ours, run_vllm(floating, tmp_path / "ref.json"))
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism on CPU needs a core per rank")
+def test_tensor_parallel_moe_two_ranks(tmp_path):
+    """MXFP4 experts split on the intermediate dim (128 per rank, whole 32-blocks); teacher-forced logprobs."""
+    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", ["model.layers.*.mlp.experts.*=MXFP4"])
+    ours = run_vllm(quantized, tmp_path / "ours.json", force_a16=True, tp=2)
+    assert ours["quantization"] == "b12x"
+    compare_prompt_logprobs(ours, run_vllm(floating, tmp_path / "ref.json"), LOGPROB_TOL)
+
+
 def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path):
     """Without the env var MXFP4 experts quantize their activations to MXFP8; teacher-forced logprobs stay close
     to the float twin (looser: MXFP8 activation noise, amplified where routing flips)."""
