@@ -50,11 +50,3 @@ def test_no_import_package_named_b12x():
     assert sorted(
         p.name for p in ROOT.glob("packages/*/src/*") if p.is_dir() and not p.name.endswith("egg-info")
     ) == sorted(MODULES)
-
-
-def test_vllm_plugin_register_is_idempotent():
-    import b12x_vllm
-
-    b12x_vllm.register()
-    b12x_vllm.register()
-    assert "b12x" not in sys.modules

@@ -39,3 +39,12 @@ def test_fp8_block_rows_and_range_errors(rng):
     other = bf.quantize(rng.standard_normal((300, 256)).astype(np.float32) * 3, "FP8")
     with pytest.raises(ValueError, match="per-tensor 'weight_scale' differs"):
         bf.concat_rows([bf.quantize(rng.standard_normal((8, 256)).astype(np.float32), "FP8"), other])
+
+
+def test_per_tensor_names_come_from_the_codec():
+    from b12x_formats.quantized import codec_for
+
+    expected = {"FP8": ("weight_scale", "input_scale"), "NVFP4": ("weight_scale_2", "input_scale"),
+                "W4A16_NVFP4": ("weight_scale_2", "input_scale")}  # fmt: skip
+    for fmt in bf.FORMATS:
+        assert codec_for(fmt).per_tensor_names() == expected.get(fmt, ()), fmt

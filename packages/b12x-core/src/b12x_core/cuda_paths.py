@@ -77,13 +77,17 @@ class ElementShard:
 
 
 def element_shards(shards, device) -> list[ElementShard]:
-    """Upload each shard's checkpoint tensors unchanged (fp8 as its bytes)."""
+    """Upload each shard's checkpoint tensors unchanged (fp8 as its bytes). Which tensor is the block scale and
+    which the per-tensor factor comes from the format's codec (input_scale scales activations, not W)."""
+    from b12x_formats.quantized import codec_for
+
+    codec = codec_for(shards[0].format)
+    per_tensor = [n for n in codec.per_tensor_names() if n != "input_scale"]
+    block = [n for n in codec.spec.required_tensors if n != "weight" and n not in per_tensor]
+    scales, tensor_scale = (block or [None])[0], (per_tensor or [None])[0]
     out, row = [], 0
     for p in shards:
         t = p.tensors
-        fmt = p.format
-        scales = {"FP8": None, "FP8_BLOCK": "weight_scale_inv"}.get(fmt, "weight_scale")
-        tensor_scale = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
         scale_array = None if scales is None else np.ascontiguousarray(t[scales])
         if scale_array is not None and scale_array.dtype != np.float32:
             scale_array = scale_array.view(np.uint8)

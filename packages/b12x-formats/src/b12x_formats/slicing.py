@@ -14,9 +14,7 @@ from fractions import Fraction
 import numpy as np
 
 from .quantized import QuantizedWeight, codec_for
-from .spec import PER_TENSOR
-
-_PROBE = 1 << 14  # a multiple of every block size
+from .spec import PER_TENSOR, PROBE
 
 
 def slice_weight(
@@ -32,7 +30,7 @@ def slice_weight(
     if not (0 <= r0 < r1 <= n and 0 <= c0 < c1 <= k):
         raise ValueError(f"{qw.format}: rows {r0}:{r1} / cols {c0}:{c1} out of range for weight {list(qw.shape)}")
     out = {}
-    probe = codec.expected_shapes(lead, _PROBE, _PROBE)
+    probe = codec.expected_shapes(lead, PROBE, PROBE)
     for name, expected in codec.expected_shapes(lead, n, k).items():
         if name not in qw.tensors:
             continue
@@ -43,7 +41,7 @@ def slice_weight(
         row_axis, col_axis = len(lead), len(lead) + 1
         index = [slice(None)] * t.ndim
         for axis, (lo, hi, full, what) in ((row_axis, (r0, r1, n, "rows")), (col_axis, (c0, c1, k, "cols"))):
-            per_entry = Fraction(_PROBE, probe[name][axis])  # weight rows/cols covered by one entry of this tensor
+            per_entry = Fraction(PROBE, probe[name][axis])  # weight rows/cols covered by one entry of this tensor
             index[axis] = slice(
                 _entry(lo, per_entry, full, qw.format, name, what), _entry(hi, per_entry, full, qw.format, name, what)
             )

@@ -14,6 +14,8 @@ import numpy as np
 
 # Marker for a per-tensor scale: shape () / (1,) or one per leading index ([E] for expert stacks).
 PER_TENSOR = "per-tensor"
+# A size every block divides: expected shapes evaluated there show each tensor's units exactly.
+PROBE = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class Codec:
     def expected_shapes(self, lead: tuple[int, ...], n: int, k: int) -> dict[str, tuple | str]:
         """Tensor name -> exact shape, or PER_TENSOR for scalar-or-per-leading-index scales."""
         raise NotImplementedError
+
+    def per_tensor_names(self) -> tuple[str, ...]:
+        """The format's per-tensor scales (FP8 weight_scale, NVFP4 weight_scale_2, input_scale)."""
+        return tuple(name for name, shape in self.expected_shapes((), PROBE, PROBE).items() if shape == PER_TENSOR)
 
     def quantize(self, w: np.ndarray, importance: np.ndarray | None) -> dict[str, np.ndarray]:
         """float32 [..., N, K] -> checkpoint tensors. `importance` is float32 [..., K] or None."""

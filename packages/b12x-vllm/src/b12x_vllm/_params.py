@@ -17,12 +17,6 @@ def tensor_layout(fmt: str, lead: tuple[int, ...], n: int, k: int) -> dict[str, 
     return {t.name: (shapes[t.name], TORCH_DTYPES[t.dtype]) for t in codec.spec.tensors}
 
 
-def per_tensor_names(fmt: str) -> set[str]:
-    """The format's per-tensor scales (one scalar per weight, or per expert)."""
-    probe = 1 << 14
-    return {name for name, (shape, _) in tensor_layout(fmt, (), probe, probe).items() if is_per_tensor(shape)}
-
-
 def is_per_tensor(shape) -> bool:
     return isinstance(shape, str) and shape == PER_TENSOR
 
@@ -45,7 +39,7 @@ def quantized_shards(fmt: str, params: dict[str, torch.Tensor], rows: list[int])
     ([shards] for a linear layer, [E, shards] for experts), NaN where the checkpoint has none."""
     import b12x_formats as bf
 
-    scalar_names = per_tensor_names(fmt)
+    scalar_names = codec_for(fmt).per_tensor_names()
     tensors = {n: t for n, t in params.items() if n not in scalar_names}
     scalars = {n: t for n, t in params.items() if n in scalar_names and not torch.isnan(t).all()}
     if not scalars:

@@ -17,11 +17,12 @@ from vllm.model_executor.parameter import ModelWeightParameter
 
 import b12x_core as bc
 import b12x_formats as bf
+from b12x_core.linear import input_scale_of
 from b12x_core.moe import MOE_FORMATS
-from b12x_formats.spec import PER_TENSOR
+from b12x_formats.quantized import codec_for
 
 from . import report
-from ._params import max_tokens_from_vllm, per_tensor_names, quantized_shards, tensor_layout
+from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
 from .env import moe_fp4_force_a16
 
 logger = logging.getLogger("b12x_vllm")
@@ -50,7 +51,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
             if k % k_multiple:
                 raise ValueError(f"b12x MoE {self.prefix}: {role} K={k} per rank is not a multiple of {k_multiple}")
             for name, (shape, dtype) in tensor_layout(self.format, (num_experts,), n * parts, k).items():
-                if shape == PER_TENSOR:
+                if is_per_tensor(shape):
                     data = torch.full((num_experts, parts), float("nan"), dtype=torch.float32)
                 else:
                     data = torch.empty(shape, dtype=dtype)
@@ -66,7 +67,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
             raise ValueError(f"b12x MoE {self.prefix}: expert {expert_id} out of range for {weight_name}")
         tp_rank, tp_size = self.moe.tp_rank, self.moe.tp_size
         slot = param.data[expert_id]
-        if param.b12x_tensor in per_tensor_names(self.format):
+        if param.b12x_tensor in codec_for(self.format).per_tensor_names():
             index = {"w1": 0, "w3": 1, "w2": 0}[shard_id]
             slot[index] = loaded_weight.reshape(-1)[0]
         elif shard_id == "w2":  # down: this rank's columns (dim 1, in the tensor's own units)
@@ -110,8 +111,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
             return ["bf16"]
         if self.format == "MXFP4":
             return ["mxfp8", "bf16"]  # MXFP8 by default, bf16 where the MXFP8 path cannot run
-        has_input_scale = any("input_scale" in p.tensors for p in w13)
-        return ["nvfp4"] if self.format == "NVFP4" and has_input_scale else ["bf16"]
+        return ["nvfp4"] if self.format == "NVFP4" and input_scale_of(w13) is not None else ["bf16"]
 
     def get_fused_moe_quant_config(self, layer):
         return None

@@ -1,6 +1,6 @@
 """Run a checkpoint in vLLM (CPU) and print greedy tokens and logprobs as JSON (used by test_e2e_cpu.py).
 
-    python tests/vllm/run_vllm.py MODEL_DIR OUT.json [--quantization b12x] [--linear-backend b12x] ...
+    python tests/vllm_plugin/run_vllm.py MODEL_DIR OUT.json [--quantization b12x] [--linear-backend b12x] ...
 
 A separate process per model: vLLM owns its process state, and its engine runs in subprocesses.
 """
