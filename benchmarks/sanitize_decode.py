@@ -1,4 +1,5 @@
-"""A small run of every CUDA path for `compute-sanitizer --tool memcheck python benchmarks/sanitize_decode.py`."""
+"""A small run of every CUDA path for `compute-sanitizer --tool memcheck python benchmarks/sanitize_decode.py`:
+the GEMVs (M <= 16), the Triton tiles (M = 19, 40; every activation mode) and the Q8_0 embedding."""
 
 import numpy as np
 import torch
@@ -7,10 +8,15 @@ import b12x_core as bc
 import b12x_formats as bf
 
 rng = np.random.default_rng(0)
-for fmt in ("Q8_0", "IQ2_XXS", "IQ2_XS"):
+CASES = [(f, "bf16") for f in ("Q8_0", "IQ2_XXS", "IQ2_XS", "FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4")] + [
+    ("FP8", "fp8"), ("FP8_BLOCK", "fp8"), ("MXFP8", "mxfp8"), ("NVFP4", "nvfp4"), ("MXFP4", "mxfp8"),
+]  # fmt: skip
+for fmt, act in CASES:
     qw = bf.quantize(rng.standard_normal((136, 512)).astype(np.float32), fmt)
-    lin = bc.prepare_linear(qw, device="cuda", max_tokens=32)
-    for m in (1, 5, 16, 19):
+    if act == "nvfp4":
+        qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(0.01)})
+    lin = bc.prepare_linear(qw, device="cuda", max_tokens=64, activation=act)
+    for m in (1, 5, 16, 19, 40):
         bc.linear(torch.randn(m, 512, dtype=torch.bfloat16, device="cuda"), lin, torch.randn(136, device="cuda"))
 emb = bc.prepare_embedding(bf.quantize(rng.standard_normal((50, 96)).astype(np.float32), "Q8_0"), device="cuda")
 bc.embedding(torch.tensor([0, 49, 7], device="cuda"), emb)

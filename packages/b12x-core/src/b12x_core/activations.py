@@ -64,18 +64,15 @@ def quantize_activation(x: torch.Tensor, mode: str, input_scale: float | None = 
     t, k = x.shape
     if mode == "bf16":
         return x
-    if mode == "fp8_static":
-        if input_scale is None:
+    if mode in ("fp8_static", "fp8_token", "fp8_group128"):
+        if mode == "fp8_static" and input_scale is None:
             raise ValueError("fp8_static activations need the checkpoint's input_scale")
-        s = torch.tensor(input_scale, dtype=torch.float32, device=x.device)
-        return round_e4m3(x / s) * s
-    if mode == "fp8_token":
-        s = _amax_scale(x.abs().amax(dim=1, keepdim=True))
-        return round_e4m3(x / s) * s
-    if mode == "fp8_group128":
-        g = _grouped(x, 128)
-        s = _amax_scale(g.abs().amax(dim=2, keepdim=True))
-        return (round_e4m3(g / s) * s).reshape(t, -1)[:, :k]
+        q, row_scale, group_scale = fp8_operands(x, mode, input_scale)
+        if row_scale is not None:
+            return q.to(torch.float32) * row_scale[:, None]
+        if group_scale is not None:
+            return q.to(torch.float32) * group_scale.repeat_interleave(128, dim=1)[:, :k]
+        return q.to(torch.float32) * torch.tensor(input_scale, dtype=torch.float32, device=x.device)
     if mode == "mxfp8":
         g = _grouped(x, 32)
         amax = g.abs().amax(dim=2, keepdim=True)
@@ -86,9 +83,36 @@ def quantize_activation(x: torch.Tensor, mode: str, input_scale: float | None = 
         if input_scale is None:
             raise ValueError("nvfp4 activations need the checkpoint's input_scale")
         scale = torch.tensor(input_scale, dtype=torch.float32, device=x.device)
-        global_scale = 1.0 / scale
-        g = _grouped(x, 16)
-        sf = round_e4m3(g.abs().amax(dim=2, keepdim=True) / 6.0 * global_scale)
-        out_scale = torch.where(sf > 0, global_scale / sf, torch.zeros_like(sf))
-        return (round_e2m1(g * out_scale) * sf * scale).reshape(t, -1)[:, :k]
+        return nvfp4_values(x, input_scale) * scale
     raise ValueError(f"unknown activation mode {mode!r}; known: {MODES}")
+
+
+def nvfp4_values(x: torch.Tensor, input_scale: float) -> torch.Tensor:
+    """nvfp4 x̂ without its per-tensor factor: q · sf (exact in bf16: at most 6 significant bits), float32."""
+    x = x.to(torch.float32)
+    t, k = x.shape
+    global_scale = 1.0 / torch.tensor(input_scale, dtype=torch.float32, device=x.device)
+    g = _grouped(x, 16)
+    sf = round_e4m3(g.abs().amax(dim=2, keepdim=True) / 6.0 * global_scale)
+    out_scale = torch.where(sf > 0, global_scale / sf, torch.zeros_like(sf))
+    return (round_e2m1(g * out_scale) * sf).reshape(t, -1)[:, :k]
+
+
+def fp8_operands(x: torch.Tensor, mode: str, input_scale: float | None = None):
+    """The e4m3 codes and scales of the fp8 modes, as W8A8 kernels consume them:
+    -> (q float8_e4m3fn [T, K], per-token scale [T] or None, per-token×128 scale [T, ⌈K/128⌉] or None).
+    x̂ = q · scale (fp8_static's per-tensor scale is the caller's to apply)."""
+    x = x.to(torch.float32)
+    t, k = x.shape
+    if mode == "fp8_static":
+        q = (x / torch.tensor(input_scale, dtype=torch.float32, device=x.device)).clamp(-E4M3_MAX, E4M3_MAX)
+        return q.to(torch.float8_e4m3fn), None, None
+    if mode == "fp8_token":
+        s = _amax_scale(x.abs().amax(dim=1, keepdim=True))
+        return (x / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s.reshape(t), None
+    if mode == "fp8_group128":
+        g = _grouped(x, 128)
+        s = _amax_scale(g.abs().amax(dim=2, keepdim=True))
+        q = (g / s).clamp(-E4M3_MAX, E4M3_MAX).reshape(t, -1)[:, :k].contiguous()
+        return q.to(torch.float8_e4m3fn), None, s.reshape(t, -1).contiguous()
+    raise ValueError(f"{mode!r} is not an fp8 activation mode")

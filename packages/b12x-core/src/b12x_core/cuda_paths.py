@@ -76,9 +76,10 @@ class ElementShard:
     rows: int
 
 
-def element_shards(shards, device) -> list[ElementShard]:
-    """Upload each shard's checkpoint tensors unchanged (fp8 as its bytes). Which tensor is the block scale and
-    which the per-tensor factor comes from the format's codec (input_scale scales activations, not W)."""
+def element_shards(shards, device, stacked=None) -> list[ElementShard]:
+    """Upload each shard's checkpoint tensors unchanged (fp8 as its bytes), or take them as row views of the
+    tiles' `stacked` copy (one copy of the weight on the GPU). Which tensor is the block scale and which the
+    per-tensor factor comes from the format's codec (input_scale scales activations, not W)."""
     from b12x_formats.quantized import codec_for
 
     codec = codec_for(shards[0].format)
@@ -91,10 +92,18 @@ def element_shards(shards, device) -> list[ElementShard]:
         scale_array = None if scales is None else np.ascontiguousarray(t[scales])
         if scale_array is not None and scale_array.dtype != np.float32:
             scale_array = scale_array.view(np.uint8)
+        if stacked is not None:
+            weight = stacked.weight[row : row + p.shape[0]].view(torch.uint8)
+        else:
+            weight = torch.from_numpy(np.ascontiguousarray(t["weight"]).view(np.uint8)).to(device)
+        if stacked is not None and scale_array is not None and scale_array.dtype == np.uint8:
+            block_scales = stacked.scales[row : row + p.shape[0]].view(torch.uint8)
+        else:  # FP8_BLOCK's [⌈n/128⌉, ⌈K/128⌉] float32 (the tiles hold it expanded per row)
+            block_scales = None if scale_array is None else torch.from_numpy(scale_array).to(device)
         out.append(
             ElementShard(
-                weight=torch.from_numpy(np.ascontiguousarray(t["weight"]).view(np.uint8)).to(device),
-                scales=None if scale_array is None else torch.from_numpy(scale_array).to(device),
+                weight=weight,
+                scales=block_scales,
                 tensor_scale=1.0 if tensor_scale is None else float(np.asarray(t[tensor_scale]).reshape(-1)[0]),
                 row=row,
                 rows=p.shape[0],

@@ -1,7 +1,8 @@
 """Which implementation runs a prepared op: an ordered table of candidates, each answering (ok, reason).
 
-CUDA kernels so far: bf16-activation GEMV for every format and the Q8_0 embedding; quantized activations,
-prefill tiles and MoE still run the reference.
+CUDA kernels so far: bf16-activation GEMV for every format, Triton tiles for every format × activation (the
+prefill path, and the only path of quantized activations), the Q8_0 embedding; MoE still runs the reference.
+A bf16 linear prepares both the GEMV and the tiles; `linear` picks by M (crossover.py).
 The reference runs wherever torch runs, but on CUDA only when asked for (`path="reference"`): b12x never
 silently falls back to a slow path on the GPU.
 """
@@ -72,6 +73,16 @@ def _cuda_gemv_elem(q: Query) -> tuple[bool, str]:
     return (False, why) if why else (True, "CUDA GEMV over element formats (M <= 16 per launch)")
 
 
+def _triton_tiles(q: Query) -> tuple[bool, str]:
+    from .cuda_paths import ELEMENT, GGML
+    from .tile_path import triton_unavailable
+
+    if q.op != "linear" or q.format not in GGML + ELEMENT:
+        return False, f"runs linear of every format, not {q.op} {q.format}"
+    why = _cuda_kernel(q) or triton_unavailable()
+    return (False, why) if why else (True, "Triton tensor-core tiles (prefill; every activation mode)")
+
+
 def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
     if q.op != "embedding":
         return False, f"runs embedding Q8_0, not {q.op}"
@@ -83,12 +94,18 @@ def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("cuda_gemv_ggml", _cuda_gemv_ggml),
     Candidate("cuda_gemv_elem", _cuda_gemv_elem),
+    Candidate("triton_tiles", _triton_tiles),
     Candidate("cuda_embedding_q8_0", _cuda_embedding_q8_0),
     Candidate("reference", _reference),
 )
 
 logger = logging.getLogger("b12x_core")
 _logged: set[Query] = set()
+
+
+def tiles_run(q: Query) -> bool:
+    """Whether the Triton tiles can take this query (prepared beside a GEMV as its large-M path)."""
+    return _triton_tiles(q)[0]
 
 
 def reasons(q: Query) -> list[tuple[str, bool, str]]:

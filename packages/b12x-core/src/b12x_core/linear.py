@@ -13,7 +13,7 @@ import b12x_formats as bf
 from . import _registry
 from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
 from .activations import quantize_activation
-from .dispatch import Query, choose
+from .dispatch import Query, choose, tiles_run
 from .errors import UnsupportedError
 
 DEFAULT_MAX_TOKENS = 8192
@@ -79,13 +79,18 @@ class PreparedLinear:
     blocks: torch.Tensor | None = field(default=None, repr=False)  # CUDA GGML: the checkpoint's blocks
     grid: torch.Tensor | None = field(default=None, repr=False)  # CUDA IQ2: grid table
     element_shards: list | None = field(default=None, repr=False)  # CUDA element formats: per-shard tensors
+    tiles: object | None = field(default=None, repr=False)  # tile_path.TileWeight: the Triton prefill path
+    tiles_from: int = 0  # calls with at least this many tokens run the tiles (when prepared)
     query: Query | None = None  # what dispatch was asked (explain() replays it)
     handle: int = 0
 
     def __repr__(self) -> str:
+        path = self.path
+        if self.tiles is not None and path != "triton_tiles":
+            path += f" (M < {self.tiles_from}), triton_tiles (M >= {self.tiles_from})"
         return (
             f"PreparedLinear({self.format} × {self.activation} [{self.act_mode}], N={self.n}, K={self.k}, "
-            f"max_tokens={self.max_tokens}, {self.device}, path={self.path})"
+            f"max_tokens={self.max_tokens}, {self.device}, path={path})"
         )
 
 
@@ -114,17 +119,31 @@ def prepare_linear(
     chosen = choose(query)
     n, k = sum(p.shape[0] for p in shards), shards[0].shape[1]
     lin = PreparedLinear(fmt, activation, mode, n, k, max_tokens, device, chosen, None, scale, query=query)
+    if chosen in ("cuda_gemv_ggml", "cuda_gemv_elem", "triton_tiles") and tiles_run(query):
+        from . import crossover, tile_path
+
+        lin.tiles = tile_path.prepare_tiles(shards, mode, scale, device)
+        lin.tiles_from = 0 if chosen == "triton_tiles" else crossover.tiles_from(fmt, device)
     if chosen == "cuda_gemv_ggml":
         from .cuda_paths import grid_table
 
-        blocks = np.concatenate([p.tensors["weight"] for p in shards])  # the source bytes, unchanged
-        lin.blocks, lin.grid = torch.from_numpy(blocks).to(device), grid_table(fmt, device)
+        # the source bytes, unchanged (shared with the tiles)
+        lin.blocks = (
+            lin.tiles.weight
+            if lin.tiles
+            else torch.from_numpy(np.concatenate([p.tensors["weight"] for p in shards])).to(device)
+        )
+        lin.grid = grid_table(fmt, device)
     elif chosen == "cuda_gemv_elem":
         from .cuda_paths import element_shards
 
-        lin.element_shards = element_shards(shards, device)
-    else:
+        lin.element_shards = element_shards(shards, device, stacked=lin.tiles)
+    elif chosen != "triton_tiles":
         lin.weight = dequantize_rows(shards, device)
+    if lin.tiles is not None and lin.tiles_from <= max_tokens:
+        from . import tile_path
+
+        tile_path.warm(lin)
     lin.handle = _registry.register(lin)
     return lin
 

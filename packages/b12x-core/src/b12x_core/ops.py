@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _registry, cuda_paths
+from . import _registry, cuda_paths, tile_path
 from .embedding import embedding_reference
 from .linear import linear_reference
 from .moe import moe_reference, route_topk_reference
@@ -14,6 +14,8 @@ from .moe import moe_reference, route_topk_reference
 @torch.library.custom_op("b12x::linear", mutates_args=())
 def _linear(x: torch.Tensor, handle: int, bias: torch.Tensor | None) -> torch.Tensor:
     lin = _registry.lookup(handle)
+    if lin.tiles is not None and x.numel() // lin.k >= lin.tiles_from:
+        return tile_path.linear_tiles(x, lin, bias)
     if lin.path == "cuda_gemv_ggml":
         return cuda_paths.linear_ggml(x, lin, bias)
     if lin.path == "cuda_gemv_elem":

@@ -1,0 +1,156 @@
+"""Prefill (large-M) linear on the GPU: the Triton tiles beside cuBLAS bf16 F.linear and fp8 torch._scaled_mm.
+
+    python benchmarks/prefill_linear.py --out prefill.json --png prefill.png
+
+1. M=4096 on 8192×8192 and 28672×8192: every format × activation mode, TFLOP/s and % of bf16 F.linear (and of
+   per-tensor fp8 _scaled_mm for the W8A8 modes), all measured in this run.
+2. The dispatched time over M ∈ {1 .. 8192} on 8192×8192 against bf16 F.linear (plotted), and both bf16 paths
+   (GEMV, tiles) for M ≤ 64: the crossover table b12x_core/crossover.py commits.
+Timing as benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2, median of ≥100 replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from decode_linear import copies_for, random_weight, time_graph
+
+import b12x_core as bc
+import b12x_formats as bf
+
+BF16_FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"]
+QUANTIZED = [("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
+             ("NVFP4", "nvfp4", True), ("NVFP4", "mxfp8", False), ("MXFP4", "mxfp8", False)]  # fmt: skip
+SWEEP_MS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192]
+CROSSOVER_MS = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+
+
+def weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
+    qw = random_weight(fmt, n, k)
+    if input_scale:
+        qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(0.02)})
+    return qw
+
+
+def prepared(qw, activation: str, max_tokens: int, copies: int) -> list:
+    return [bc.prepare_linear(qw, device="cuda", max_tokens=max_tokens, activation=activation) for _ in range(copies)]
+
+
+def time_linear(preps, x) -> float:
+    return time_graph(lambda i: bc.linear(x, preps[i]), len(preps))
+
+
+def baselines(n: int, k: int, m: int) -> tuple[float, float]:
+    copies = min(copies_for(2 * n * k), 4)
+    w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+    w8 = [t.to(torch.float8_e4m3fn) for t in w]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    x8 = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    t_bf16 = time_graph(lambda i: F.linear(x, w[i]), copies)
+    t_fp8 = time_graph(lambda i: torch._scaled_mm(x8, w8[i].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                       copies)  # fmt: skip
+    return t_bf16, t_fp8
+
+
+def large_m(rows: list, shapes: list[tuple[int, int]], m: int) -> None:
+    print(f"\n## M={m}: TFLOP/s, % of bf16 F.linear, % of fp8 _scaled_mm")
+    for n, k in shapes:
+        t_bf16, t_fp8 = baselines(n, k, m)
+        flops = 2 * m * n * k
+        print(f"{n}x{k}: bf16 F.linear {t_bf16:.0f} µs {flops / t_bf16 / 1e6:.0f} TFLOP/s; "
+              f"fp8 _scaled_mm {t_fp8:.0f} µs {flops / t_fp8 / 1e6:.0f} TFLOP/s")  # fmt: skip
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        for fmt, act, scale in [(f, "bf16", False) for f in BF16_FORMATS] + QUANTIZED:
+            preps = prepared(weight(fmt, n, k, scale), act, m, 2)
+            t = time_linear(preps, x)
+            label = f"{fmt} × {act}" + (" static" if scale and act == "fp8" else "")
+            row = dict(part="large_m", shape=f"{n}x{k}", m=m, format=label, us=t, tflops=flops / t / 1e6,
+                       pct_bf16=100 * t_bf16 / t, pct_fp8=100 * t_fp8 / t)  # fmt: skip
+            rows.append(row)
+            print(f"  {label:<24} {t:>8.0f} µs {row['tflops']:>6.0f} TFLOP/s {row['pct_bf16']:>5.0f}% bf16 "
+                  f"{row['pct_fp8']:>5.0f}% fp8", flush=True)  # fmt: skip
+
+
+def sweep(rows: list, n: int, k: int) -> dict:
+    print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside; GEMV vs tiles for the crossover")
+    crossover = {}
+    bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
+    for fmt in BF16_FORMATS:
+        qw = weight(fmt, n, k, False)
+        first = bc.prepare_linear(qw, device="cuda", max_tokens=max(SWEEP_MS))
+        preps = [first] + prepared(qw, "bf16", max(SWEEP_MS), copies_for(first.tiles.weight.numel()) - 1)
+        gemv_t, tile_t = {}, {}
+        for m in sorted(set(SWEEP_MS) | set(CROSSOVER_MS)):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            if m in SWEEP_MS:
+                t = time_linear(preps, x)
+                t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
+                rows.append(dict(part="sweep", shape=f"{n}x{k}", m=m, format=fmt, us=t, bf16_us=t_bf16))
+                print(f"  {fmt:<8} M={m:<5} {t:>9.1f} µs  bf16 {t_bf16:>9.1f} µs  {t_bf16 / t:>5.2f}x", flush=True)
+            if m in CROSSOVER_MS:
+                saved = [p.tiles_from for p in preps]
+                for p in preps:
+                    p.tiles_from = 1 << 30
+                gemv_t[m] = time_linear(preps, x)
+                for p in preps:
+                    p.tiles_from = 0
+                tile_t[m] = time_linear(preps, x)
+                for p, s in zip(preps, saved, strict=True):
+                    p.tiles_from = s
+                rows.append(dict(part="crossover", shape=f"{n}x{k}", m=m, format=fmt, gemv_us=gemv_t[m],
+                                 tiles_us=tile_t[m]))  # fmt: skip
+        # the first M from which the tiles are never slower than the GEMV
+        faster = [m for m in CROSSOVER_MS if all(tile_t[j] <= gemv_t[j] for j in CROSSOVER_MS if j >= m)]
+        crossover[fmt] = min(faster) if faster else max(CROSSOVER_MS) + 1
+        print(f"  {fmt}: GEMV " + " ".join(f"{m}:{gemv_t[m]:.0f}" for m in CROSSOVER_MS))
+        print(f"  {fmt}: tiles " + " ".join(f"{m}:{tile_t[m]:.0f}" for m in CROSSOVER_MS))
+    print(f"crossover (tiles from M) {crossover}")
+    return crossover
+
+
+def plot(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for fmt in BF16_FORMATS:
+        pts = [(r["m"], r["bf16_us"] / r["us"]) for r in rows if r["part"] == "sweep" and r["format"] == fmt]
+        ax.plot(*zip(*pts, strict=True), marker="o", label=fmt)
+    ax.axhline(1.0, color="k", lw=1, ls="--", label="bf16 F.linear")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("speed-up over bf16 F.linear")
+    ax.set_title(f"b12x linear, dispatched path, {rows[0]['shape']} — {torch.cuda.get_device_name()}")
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="prefill_linear.json")
+    parser.add_argument("--png", default="prefill_linear.png")
+    parser.add_argument("--m", type=int, default=4096)
+    parser.add_argument("--skip-sweep", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows: list = []
+    large_m(rows, [(8192, 8192), (28672, 8192)], args.m)
+    crossover = {} if args.skip_sweep else sweep(rows, 8192, 8192)
+    result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
+              "crossover": crossover, "rows": rows}  # fmt: skip
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    if not args.skip_sweep:
+        plot(rows, args.png)
+
+
+if __name__ == "__main__":
+    main()

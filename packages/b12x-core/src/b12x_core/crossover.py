@@ -1,0 +1,18 @@
+"""When a bf16 linear leaves its GEMV for the Triton tiles: the smallest M the tiles run, per GPU and format.
+
+Measured with `benchmarks/decode_linear.py --crossover` (both paths over M = 1..64 on 28672×8192, 8192×28672,
+4096×14336; the first M from which the tiles are never slower) and committed here; an unmeasured GPU gets
+DEFAULT: the GEMV runs up to 16 tokens per launch, so beyond that the tiles always win.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT = 17
+MEASURED: dict[tuple[int, int], dict[str, int]] = {}
+
+
+def tiles_from(fmt: str, device: torch.device) -> int:
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+    return MEASURED.get(capability, {}).get(fmt, DEFAULT)

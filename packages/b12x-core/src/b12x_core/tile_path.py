@@ -1,0 +1,111 @@
+"""The prefill path: b12x_kernels.tiles (Triton) for every format × activation, fed from prepared tensors.
+
+prepare_tiles concatenates the row shards of a fused layer into one weight and folds every per-tensor factor
+(FP8 weight_scale, NVFP4 weight_scale_2, a static activation scale) into one float32 scale per output row.
+A call quantizes activations the way activations.py defines them, then launches one kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .activations import fp8_operands, nvfp4_values, quantize_activation
+
+
+def triton_unavailable() -> str:
+    """Why the Triton tiles cannot run here ('' when they can)."""
+    try:
+        import triton  # noqa: F401
+
+        from b12x_kernels import tiles  # noqa: F401
+    except ImportError as err:
+        return f"Triton is not importable ({err})"
+    return ""
+
+
+@dataclass
+class TileWeight:
+    weight: torch.Tensor  # checkpoint bytes of all shards, stacked along N (fp8 dtype for e4m3 weights)
+    scales: torch.Tensor | None  # block scales stacked along N (FP8_BLOCK: float32 expanded to [N, ⌈K/128⌉])
+    col_scale: torch.Tensor  # float32 [N]
+    grid: torch.Tensor | None  # IQ2 grid (int64)
+    signs: torch.Tensor | None  # IQ2 ksigns (uint8 [128])
+
+
+def _torch(a: np.ndarray) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if a.dtype.name == "float8_e4m3fn":
+        return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+    if a.dtype.name == "float8_e8m0fnu":
+        return torch.from_numpy(a.view(np.uint8))
+    return torch.from_numpy(a)
+
+
+def _scalar(t: dict, name: str) -> float:
+    return float(np.asarray(t[name], dtype=np.float32).reshape(-1)[0]) if name in t else 1.0
+
+
+def prepare_tiles(shards, act_mode: str, input_scale: float | None, device) -> TileWeight:
+    from b12x_formats import tables
+
+    from .cuda_paths import grid_table
+
+    fmt = shards[0].format
+    weight = torch.cat([_torch(p.tensors["weight"]) for p in shards]).to(device)
+    scales = None
+    if fmt == "FP8_BLOCK":  # one row of block scales per output row, so shards of any height concatenate
+        rows = [np.repeat(p.tensors["weight_scale_inv"], 128, axis=0)[: p.shape[0]] for p in shards]
+        scales = torch.from_numpy(np.concatenate(rows).astype(np.float32)).to(device)
+    elif "weight_scale" in shards[0].tensors and fmt != "FP8":
+        scales = torch.cat([_torch(p.tensors["weight_scale"]) for p in shards]).to(device)
+    tensor_factor = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
+    act_factor = input_scale if act_mode in ("fp8_static", "nvfp4") else 1.0
+    col = np.concatenate(
+        [np.full(p.shape[0], (_scalar(p.tensors, tensor_factor) if tensor_factor else 1.0), np.float32) for p in shards]
+    )
+    col_scale = (torch.from_numpy(col) * torch.tensor(act_factor, dtype=torch.float32)).to(device)
+    grid = signs = None
+    if fmt.startswith("IQ2"):
+        grid = grid_table(fmt, device)
+        signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
+    return TileWeight(weight, scales, col_scale, grid, signs)
+
+
+def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
+    """-> (x for the dot: bf16 or e4m3, per-token scale or None, per-token×128 scale or None)."""
+    if act_mode == "bf16":
+        return x2, None, None
+    if act_mode.startswith("fp8"):
+        return fp8_operands(x2, act_mode, input_scale)
+    if act_mode == "mxfp8":  # e4m3 · 2^e: exact in bf16
+        return quantize_activation(x2, "mxfp8").to(torch.bfloat16), None, None
+    if act_mode == "nvfp4":  # q · sf exact in bf16; input_scale sits in col_scale
+        return nvfp4_values(x2, input_scale).to(torch.bfloat16), None, None
+    raise ValueError(f"unknown activation mode {act_mode!r}")
+
+
+def linear_tiles(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
+    from b12x_kernels import tiles
+
+    tw = lin.tiles
+    x2 = x.reshape(-1, lin.k).contiguous()
+    xq, row_scale, group_scale = activation_operands(x2, lin.act_mode, lin.input_scale)
+    y = torch.empty(x2.shape[0], lin.n, dtype=torch.bfloat16, device=x.device)
+    tiles.linear_tiles(
+        lin.format, xq, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
+        row_scale=row_scale, x_group_scale=group_scale, bias=bias,
+    )  # fmt: skip
+    return y.reshape(*x.shape[:-1], lin.n)
+
+
+def warm(lin) -> None:
+    """Compile every tile configuration the calls of `lin` can pick (prepare time, never during capture)."""
+    from b12x_kernels import tiles
+
+    sizes = sorted({tiles.default_config(lin.format, m)["BLOCK_M"] for m in (lin.tiles_from, lin.max_tokens)}
+                   | {b for b in (16, 32, 64, 128) if lin.tiles_from <= b <= lin.max_tokens})  # fmt: skip
+    for m in sizes:
+        linear_tiles(torch.zeros(max(m, 1), lin.k, dtype=torch.bfloat16, device=lin.device), lin, None)

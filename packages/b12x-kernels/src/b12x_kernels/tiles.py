@@ -1,0 +1,216 @@
+"""Prefill (large-M) linear: Triton tiles that decode packed weights to bf16 (or keep fp8) in registers and
+multiply on the tensor cores with fp32 accumulation. One source for SM90 and SM12x.
+
+y[m, n] = (Σ_k x[m, k] · w[n, k] · group_scale) · col_scale[n] · row_scale[m] + bias[n]
+
+- x: bf16, or fp8 e4m3 for FP8/FP8_BLOCK weights with fp8 activations (then the dot runs in fp8).
+- w: decoded per format (FORMATS below) to values that bf16 holds exactly wherever the format allows
+  (e4m3, e2m1·e4m3, e4m3·2^e); Q8_0 and IQ2 products d·q round once to bf16.
+- col_scale [N] float32: per-tensor factors expanded per output row (FP8 weight_scale, NVFP4 weight_scale_2,
+  a static activation scale), so fused shards with their own scales run as one weight.
+- row_scale [M] float32 (optional): dynamic per-token activation scales.
+- group scales: FP8_BLOCK's weight scales expanded to one row per output row ([N, ⌈K/128⌉], so fused shards of
+  any height concatenate) and optional 1×128 activation scales [M, ⌈K/128⌉], applied per K step of 128.
+
+This module only runs what it is told; b12x_core decides when (by M) and prepares the inputs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FORMATS = ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "W4A16_NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS")
+_CODE = {"FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4, "Q8_0": 5,
+         "IQ2_XXS": 6, "IQ2_XS": 7}  # fmt: skip
+BLOCK_K = 128  # every format steps 128 along K (IQ2: half a superblock; FP8_BLOCK: one scale block)
+
+
+@triton.jit
+def _e8m0(e):
+    """uint8 E8M0 codes -> float32 2^(e-127), exactly (0 -> 2^-127)."""
+    bits = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, 5.877471754111438e-39, bits)
+
+
+@triton.jit
+def _e2m1(c):
+    """4-bit E2M1 codes (int32) -> float32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives."""
+    m = c & 7
+    big = (2 + (m & 1)).to(tl.float32) * (1 << (m >> 1)).to(tl.float32) * 0.25
+    mag = tl.where(m < 2, m.to(tl.float32) * 0.5, big)
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp16_at(ptr):
+    """The little-endian fp16 at byte pointer(s) `ptr`, as float32."""
+    lo = tl.load(ptr).to(tl.uint16)
+    hi = tl.load(ptr + 1).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
+            FMT: tl.constexpr, KEEP_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Weight rows offs_n, columns k0 .. k0+BLOCK_K -> [BLOCK_N, BLOCK_K] bf16 (fp8 when KEEP_FP8)."""
+    n = offs_n[:, None]
+    n_ok = n < N
+    if FMT <= 2:  # FP8, FP8_BLOCK, MXFP8: e4m3 elements, [N, K]
+        k = k0 + tl.arange(0, BLOCK_K)[None, :]
+        w = tl.load(w_ptr + n * K + k, mask=n_ok & (k < K), other=0.0)
+        if FMT == 2:  # MXFP8: one E8M0 scale per 32 along K
+            G: tl.constexpr = BLOCK_K // 32
+            kg = k0 // 32 + tl.arange(0, G)[None, :]
+            e = tl.load(s_ptr + n * (K // 32) + kg, mask=n_ok & (kg < K // 32), other=127)
+            w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, G, 32)) * _e8m0(e)[:, :, None]
+            w = tl.reshape(w3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+        elif not KEEP_FP8:
+            w = w.to(tl.bfloat16)
+        return w
+    elif FMT <= 4:  # NVFP4 (e4m3 scale per 16) and MXFP4 (E8M0 per 32): bytes [N, K/2], low nibble first
+        H: tl.constexpr = BLOCK_K // 2
+        kb = k0 // 2 + tl.arange(0, H)[None, :]
+        b = tl.load(w_ptr + n * (K // 2) + kb, mask=n_ok & (kb < K // 2), other=0).to(tl.int32)
+        v = tl.reshape(tl.join(_e2m1(b & 15), _e2m1(b >> 4)), (BLOCK_N, BLOCK_K))
+        GS: tl.constexpr = 16 if FMT == 3 else 32
+        G: tl.constexpr = BLOCK_K // GS
+        kg = k0 // GS + tl.arange(0, G)[None, :]
+        if FMT == 3:
+            s = tl.load(s_ptr + n * (K // 16) + kg, mask=n_ok & (kg < K // 16), other=0.0).to(tl.float32)
+        else:
+            s = _e8m0(tl.load(s_ptr + n * (K // 32) + kg, mask=n_ok & (kg < K // 32), other=127))
+        v3 = tl.reshape(v, (BLOCK_N, G, GS)) * s[:, :, None]
+        return tl.reshape(v3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+    elif FMT == 5:  # Q8_0: blocks [N, K/32, 34] = fp16 d, 32 int8
+        G: tl.constexpr = BLOCK_K // 32
+        nb = K // 32
+        blk = k0 // 32 + tl.arange(0, G)[None, :, None]
+        base = w_ptr + (offs_n[:, None, None] * nb + blk) * 34
+        ok = (offs_n[:, None, None] < N) & (blk < nb)
+        d = _fp16_at(tl.where(ok, base, w_ptr))
+        q = tl.load(base + 2 + tl.arange(0, 32)[None, None, :], mask=ok, other=0).to(tl.int8, bitcast=True)
+        return tl.reshape(q.to(tl.float32) * d, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+    else:  # IQ2_XXS (66-byte) / IQ2_XS (74-byte) superblocks of 256 = 32 groups of 8; a step covers part of one
+        BYTES: tl.constexpr = 66 if FMT == 6 else 74
+        nb = K // 256
+        n3 = offs_n[:, None, None]
+        g = (k0 % 256) // 8 + tl.arange(0, BLOCK_K // 8)[None, :, None]
+        e = tl.arange(0, 8)[None, None, :]
+        ok = n3 < N
+        base = w_ptr + tl.where(ok, n3 * nb + k0 // 256, 0) * BYTES
+        d = _fp16_at(base)
+        if FMT == 6:  # per 32: 4 grid bytes, then u32 (4 × 7 sign bits, 4-bit scale)
+            sub = base + 2 + (g // 4) * 8
+            grid_idx = tl.load(sub + (g % 4)).to(tl.int32)
+            aux = tl.load(sub + 4).to(tl.uint32)
+            aux |= tl.load(sub + 5).to(tl.uint32) << 8
+            aux |= tl.load(sub + 6).to(tl.uint32) << 16
+            aux |= tl.load(sub + 7).to(tl.uint32) << 24
+            sign_idx = ((aux >> (7 * (g % 4)).to(tl.uint32)) & 127).to(tl.int32)
+            nibble = (aux >> 28).to(tl.int32)
+        else:  # 32 u16 (9-bit grid index, 7-bit sign index), then 8 bytes of two 4-bit scales
+            q = tl.load(base + 2 + 2 * g).to(tl.int32) | (tl.load(base + 3 + 2 * g).to(tl.int32) << 8)
+            grid_idx = q & 511
+            sign_idx = q >> 9
+            nibble = (tl.load(base + 66 + g // 4).to(tl.int32) >> (4 * ((g // 2) % 2))) & 15
+        db = d * (0.5 + nibble.to(tl.float32)) * 0.25  # llama.cpp's order of operations
+        magnitude = ((tl.load(grid_ptr + grid_idx) >> (8 * e).to(tl.int64)) & 255).to(tl.float32)
+        negative = (tl.load(sign_ptr + sign_idx).to(tl.int32) >> e) & 1
+        v = tl.where(negative != 0, -magnitude, magnitude) * db
+        return tl.reshape(v, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+
+
+@triton.jit
+def _linear_tiles(
+    x_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, row_scale_ptr, x_group_ptr, bias_ptr, y_ptr,
+    M, N, K,
+    FMT: tl.constexpr, X_FP8: tl.constexpr, ROW_SCALE: tl.constexpr, X_GROUPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    # consecutive programs share weight tiles (GROUP_M row tiles per column tile) for L2 reuse
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+                    other=0.0)  # fmt: skip
+        w = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K, FMT, X_FP8, BLOCK_N, BLOCK_K)
+        if FMT == 1 or X_GROUPS:  # scales that change every 128 along K (BLOCK_K == 128)
+            scale = tl.full((BLOCK_M, BLOCK_N), 1.0, tl.float32)
+            if FMT == 1:  # FP8_BLOCK: weight_scale_inv expanded per row, [N, ceil(K/128)]
+                ws = tl.load(s_ptr + offs_n * tl.cdiv(K, 128) + k0 // 128, mask=offs_n < N, other=0.0)
+                scale = scale * ws[None, :]
+            if X_GROUPS:  # 1×128 activation scales [M, ceil(K/128)]
+                xs = tl.load(x_group_ptr + offs_m * tl.cdiv(K, 128) + k0 // 128, mask=m_ok, other=0.0)
+                scale = scale * xs[:, None]
+            acc += tl.dot(x, tl.trans(w)) * scale
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    acc = acc * tl.load(col_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if ROW_SCALE:
+        acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(tl.bfloat16), mask=m_ok[:, None] & (offs_n[None, :] < N))
+
+
+def default_config(fmt: str, m: int) -> dict:
+    """Tile sizes per format and M (a small table; tuned on the H200, see docs/performance.md)."""
+    block_m = 128 if m > 64 else 64 if m > 32 else 32 if m > 16 else 16
+    warps = 8 if block_m == 128 else 4
+    return {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": BLOCK_K, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": 3}  # fmt: skip
+
+
+def linear_tiles(
+    fmt: str,
+    x,
+    weight,
+    scales,
+    col_scale,
+    out,
+    *,
+    grid_table=None,
+    sign_table=None,
+    row_scale=None,
+    x_group_scale=None,
+    bias=None,
+    config: dict | None = None,
+):
+    """out[M, N] (bf16, written) = x[M, K] · decode(weight)ᵀ with the scales of the module docstring.
+
+    weight: the checkpoint bytes (fp8 tensor for FP8/FP8_BLOCK/MXFP8, uint8 otherwise; GGML blocks [N, K/g, B]);
+    scales: the block-scale tensor (uint8 E8M0, fp8 e4m3 for NVFP4, float32 [N, ⌈K/128⌉] for FP8_BLOCK) or None;
+    grid_table/sign_table: IQ2 grid (int64 [entries]) and ksigns (uint8 [128]).
+    """
+    if fmt not in _CODE:
+        raise ValueError(f"linear_tiles: unknown format {fmt!r}; known {FORMATS}")
+    m, k = x.shape
+    n = out.shape[1]
+    cfg = dict(default_config(fmt, m), **(config or {}))
+    dummy = col_scale  # any valid pointer for the unused ones
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _linear_tiles[grid](
+        x, weight, dummy if scales is None else scales, dummy if grid_table is None else grid_table,
+        dummy if sign_table is None else sign_table, col_scale, dummy if row_scale is None else row_scale,
+        dummy if x_group_scale is None else x_group_scale, dummy if bias is None else bias, out,
+        m, n, k,
+        FMT=_CODE[fmt], X_FP8=x.element_size() == 1, ROW_SCALE=row_scale is not None,
+        X_GROUPS=x_group_scale is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    return out

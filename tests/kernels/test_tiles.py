@@ -1,0 +1,136 @@
+"""The Triton prefill tiles, every format × activation mode, against the b12x-core reference.
+
+On the GPU (marked gpu) through bc.prepare_linear / bc.linear at M ∈ {17, 64, 300, 2048}; on CPU the same
+kernels under TRITON_INTERPRET=1 (conftest.py) on small shapes, fed by b12x_core.tile_path directly.
+
+Tolerance: the tiles round each decoded weight to bf16 (exact for e4m3, e2m1·e4m3, e4m3·2^e; one rounding of
+d·q for Q8_0 and IQ2) and sum in fp32 in another order than the reference, which rounds once:
+|y − y_ref| ≤ 1e-2 · max(|y_ref|, rms(y_ref)) elementwise, and no NaN (outputs are poisoned first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import b12x_core as bc
+import b12x_formats as bf
+
+pytest.importorskip("triton")
+
+from b12x_core import tile_path  # noqa: E402
+from b12x_core.linear import as_shards  # noqa: E402
+
+# (format, activation, input_scale present); K where the format allows one that is no multiple of 128
+CASES = [(f, "bf16", False) for f in bf.FORMATS] + [
+    ("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
+    ("MXFP4", "mxfp8", False), ("NVFP4", "mxfp8", False), ("NVFP4", "nvfp4", True),
+]  # fmt: skip
+ODD_K = {"FP8": 200, "FP8_BLOCK": 200, "MXFP8": 160, "MXFP4": 160, "NVFP4": 144, "W4A16_NVFP4": 144, "Q8_0": 160}
+
+
+def make_weight(rng, fmt, n, k, with_input_scale, x, shards=1):
+    """Random weight (shards with their own per-tensor scales when shards > 1)."""
+    parts = []
+    for i in range(shards):
+        w = (rng.standard_normal((n, k)) / np.sqrt(k) * (1 + i)).astype(np.float32)
+        qw = bf.quantize(w, fmt)
+        if with_input_scale:
+            amax = float(x.float().abs().max())
+            scale = amax / (6 * 448) if fmt.endswith("NVFP4") else amax / 448
+            qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(scale * (1 + i))})
+        parts.append(qw)
+    return parts[0] if shards == 1 else parts
+
+
+def close(y, ref):
+    y, ref = y.float().cpu(), ref.float().cpu()
+    assert not torch.isnan(y).any()
+    scale = torch.maximum(ref.abs(), ref.square().mean().sqrt())
+    assert ((y - ref).abs() <= 1e-2 * scale).all(), ((y - ref).abs() / scale).max()
+
+
+def interpreted(x, qw, activation, bias):
+    """The tiles on CPU tensors (interpreter): the reference's PreparedLinear plus prepared tiles."""
+    ref = bc.prepare_linear(qw, device="cpu", max_tokens=x.shape[0], activation=activation)
+    tiles = tile_path.prepare_tiles(as_shards(qw), ref.act_mode, ref.input_scale, "cpu")
+    lin = dataclasses.replace(ref, tiles=tiles)
+    return tile_path.linear_tiles(x, lin, bias), bc.linear(x, ref, bias)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
+def test_interpreted_tiles_match_reference(rng, fmt, activation, with_scale):
+    k = ODD_K.get(fmt, 512)
+    x = torch.from_numpy(rng.standard_normal((20, k)).astype(np.float32)).to(torch.bfloat16)
+    qw = make_weight(rng, fmt, 72, k, with_scale, x)
+    bias = torch.from_numpy(rng.standard_normal(72).astype(np.float32)).to(torch.bfloat16)
+    close(*interpreted(x, qw, activation, bias))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt,activation", [("FP8", "fp8"), ("FP8_BLOCK", "bf16"), ("NVFP4", "nvfp4")])
+def test_interpreted_fused_shards(rng, fmt, activation):
+    """Shards with their own per-tensor scales (72 rows: FP8_BLOCK's 128-row blocks do not line up)."""
+    x = torch.from_numpy(rng.standard_normal((17, 256)).astype(np.float32)).to(torch.bfloat16)
+    parts = make_weight(rng, fmt, 72, 256, activation != "bf16", x, shards=2)
+    close(*interpreted(x, parts, activation, None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
+@pytest.mark.parametrize("m", [17, 64, 300, 2048])
+def test_gpu_tiles_match_reference(rng, fmt, activation, with_scale, m):
+    k = ODD_K.get(fmt, 1024) if m < 300 else 2048
+    n = 328
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    qw = make_weight(rng, fmt, n, k, with_scale, x)
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    gpu = bc.prepare_linear(qw, device="cuda", max_tokens=m, activation=activation)
+    assert gpu.tiles is not None and m >= gpu.tiles_from, gpu
+    cpu = bc.prepare_linear(qw, device="cpu", max_tokens=m, activation=activation)
+    y = bc.linear(x.cuda(), gpu, bias.cuda())
+    close(y, bc.linear(x, cpu, bias))
+    assert torch.equal(bc.linear(x.cuda(), gpu, bias.cuda()), y)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["Q8_0", "IQ2_XS", "NVFP4", "FP8_BLOCK"])
+def test_gpu_tiles_write_every_output_and_replay_in_graphs(rng, fmt):
+    from b12x_kernels import tiles
+
+    x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
+    qw = make_weight(rng, fmt, 200, 1024, False, x)
+    lin = bc.prepare_linear(qw, device="cuda", max_tokens=300)
+    tw = lin.tiles
+    y = torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
+    tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs)
+    close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
+    eager = bc.linear(x, lin)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        bc.linear(x, lin)  # warm the allocator outside capture
+        with torch.cuda.graph(graph):
+            out = bc.linear(x, lin)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fmt,activation", [("FP8", "fp8"), ("FP8_BLOCK", "bf16"), ("NVFP4", "nvfp4"), ("Q8_0", "bf16")]
+)
+def test_gpu_fused_shards(rng, fmt, activation):
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    parts = make_weight(rng, fmt, 200, 512, activation != "bf16", x, shards=2)
+    gpu = bc.prepare_linear(parts, device="cuda", max_tokens=64, activation=activation)
+    close(bc.linear(x.cuda(), gpu), bc.linear(x, bc.prepare_linear(parts, activation=activation)))
+    if activation == "bf16":  # the GEMV reads the same stacked copy as the tiles
+        close(bc.linear(x[:3].cuda(), gpu), bc.linear(x[:3], bc.prepare_linear(parts, activation=activation)))
