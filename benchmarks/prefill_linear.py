@@ -4,8 +4,8 @@
 
 1. M=4096 on 8192×8192 and 28672×8192: every format × activation mode, TFLOP/s and % of bf16 F.linear (and of
    per-tensor fp8 _scaled_mm for the W8A8 modes), all measured in this run.
-2. The dispatched time over M ∈ {1 .. 8192} on 8192×8192 against bf16 F.linear (plotted), and both bf16 paths
-   (GEMV, tiles) for M ≤ 64: the crossover table b12x_core/crossover.py commits.
+2. The dispatched time over M ∈ {1 .. 8192} on 8192×8192 against bf16 F.linear (plotted), and each bf16 path
+   alone (GEMV, tiles, decode + dense GEMM): the crossover tables b12x_core/crossover.py commits.
 Timing as benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2, median of ≥100 replays.
 """
 
@@ -27,6 +27,7 @@ QUANTIZED = [("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", F
              ("NVFP4", "nvfp4", True), ("NVFP4", "mxfp8", False), ("MXFP4", "mxfp8", False)]  # fmt: skip
 SWEEP_MS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192]
 CROSSOVER_MS = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+GEMM_MS = [32, 64, 128, 192, 256, 384, 512, 1024]
 
 
 def weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
@@ -76,41 +77,53 @@ def large_m(rows: list, shapes: list[tuple[int, int]], m: int) -> None:
                   f"{row['pct_fp8']:>5.0f}% fp8", flush=True)  # fmt: skip
 
 
-def sweep(rows: list, n: int, k: int) -> dict:
-    print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside; GEMV vs tiles for the crossover")
-    crossover = {}
+def force(preps, tiles_from: int, gemm_from: int) -> None:
+    for p in preps:
+        p.tiles_from, p.gemm_from = tiles_from, gemm_from
+
+
+def first_faster(ms: list[int], fast: dict, slow: dict) -> int:
+    """The first M from which `fast` is never slower than `slow` (past the end when never)."""
+    ok = [m for m in ms if all(fast[j] <= slow[j] for j in ms if j >= m)]
+    return min(ok) if ok else max(ms) + 1
+
+
+def sweep(rows: list, n: int, k: int) -> tuple[dict, dict]:
+    print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside; each path alone for the crossovers")
+    tiles_from, gemm_from = {}, {}
     bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
+    never = 1 << 62
     for fmt in BF16_FORMATS:
         qw = weight(fmt, n, k, False)
         first = bc.prepare_linear(qw, device="cuda", max_tokens=max(SWEEP_MS))
         preps = [first] + prepared(qw, "bf16", max(SWEEP_MS), copies_for(first.tiles.weight.numel()) - 1)
-        gemv_t, tile_t = {}, {}
-        for m in sorted(set(SWEEP_MS) | set(CROSSOVER_MS)):
+        dispatched = (first.tiles_from, first.gemm_from)
+        paths = {"gemv": {}, "tiles": {}, "dense": {}}
+        for m in sorted(set(SWEEP_MS) | set(CROSSOVER_MS) | set(GEMM_MS)):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             if m in SWEEP_MS:
+                force(preps, *dispatched)
                 t = time_linear(preps, x)
                 t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
                 rows.append(dict(part="sweep", shape=f"{n}x{k}", m=m, format=fmt, us=t, bf16_us=t_bf16))
                 print(f"  {fmt:<8} M={m:<5} {t:>9.1f} µs  bf16 {t_bf16:>9.1f} µs  {t_bf16 / t:>5.2f}x", flush=True)
             if m in CROSSOVER_MS:
-                saved = [p.tiles_from for p in preps]
-                for p in preps:
-                    p.tiles_from = 1 << 30
-                gemv_t[m] = time_linear(preps, x)
-                for p in preps:
-                    p.tiles_from = 0
-                tile_t[m] = time_linear(preps, x)
-                for p, s in zip(preps, saved, strict=True):
-                    p.tiles_from = s
-                rows.append(dict(part="crossover", shape=f"{n}x{k}", m=m, format=fmt, gemv_us=gemv_t[m],
-                                 tiles_us=tile_t[m]))  # fmt: skip
-        # the first M from which the tiles are never slower than the GEMV
-        faster = [m for m in CROSSOVER_MS if all(tile_t[j] <= gemv_t[j] for j in CROSSOVER_MS if j >= m)]
-        crossover[fmt] = min(faster) if faster else max(CROSSOVER_MS) + 1
-        print(f"  {fmt}: GEMV " + " ".join(f"{m}:{gemv_t[m]:.0f}" for m in CROSSOVER_MS))
-        print(f"  {fmt}: tiles " + " ".join(f"{m}:{tile_t[m]:.0f}" for m in CROSSOVER_MS))
-    print(f"crossover (tiles from M) {crossover}")
-    return crossover
+                force(preps, never, never)
+                paths["gemv"][m] = time_linear(preps, x)
+            if m in CROSSOVER_MS or m in GEMM_MS:
+                force(preps, 0, never)
+                paths["tiles"][m] = time_linear(preps, x)
+            if m in GEMM_MS:
+                force(preps, 0, 0)
+                paths["dense"][m] = time_linear(preps, x)
+        force(preps, *dispatched)
+        rows.append(dict(part="paths", shape=f"{n}x{k}", format=fmt, **{p: t for p, t in paths.items()}))
+        tiles_from[fmt] = first_faster(CROSSOVER_MS, paths["tiles"], paths["gemv"])
+        gemm_from[fmt] = first_faster(GEMM_MS, paths["dense"], paths["tiles"])
+        for name, times in paths.items():
+            print(f"  {fmt} {name}: " + " ".join(f"{m}:{t:.0f}" for m, t in sorted(times.items())))
+    print(f"tiles from M {tiles_from}\ndense GEMM from M {gemm_from}")
+    return tiles_from, gemm_from
 
 
 def plot(rows: list, path: str) -> None:
@@ -143,7 +156,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows: list = []
     large_m(rows, [(8192, 8192), (28672, 8192)], args.m)
-    crossover = {} if args.skip_sweep else sweep(rows, 8192, 8192)
+    crossover = ({}, {}) if args.skip_sweep else sweep(rows, 8192, 8192)
     result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
               "crossover": crossover, "rows": rows}  # fmt: skip
     with open(args.out, "w") as f:

@@ -127,8 +127,8 @@ def test_element_shards_with_their_own_scales(rng, fmt):
     close(y, bc.linear(x, bc.prepare_linear(shards), bias))
 
 
-def test_fp8_with_quantized_activations_stays_on_request_only(rng):
+def test_quantized_activations_run_the_tiles_and_the_reference_only_on_request(rng):
     qw = bf.quantize(rng.standard_normal((64, 256)).astype(np.float32), "FP8")
-    with pytest.raises(bc.UnsupportedError, match="path='reference'"):
-        bc.prepare_linear(qw, device="cuda", activation="fp8")
+    lin = bc.prepare_linear(qw, device="cuda", activation="fp8", max_tokens=16)
+    assert lin.path == "triton_tiles" and lin.tiles_from == 0  # no GEMV for W8A8: the tiles take every M
     assert bc.prepare_linear(qw, device="cuda", activation="fp8", path="reference").path == "reference"

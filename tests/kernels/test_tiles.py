@@ -72,6 +72,26 @@ def test_interpreted_tiles_match_reference(rng, fmt, activation, with_scale):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt", bf.FORMATS)
+def test_interpreted_dequantize_matches_formats(rng, fmt):
+    """The large-M path's weight: decode · scales, rounded once to bf16 (FP8_BLOCK: 72 rows, 200 columns)."""
+    check_dequantize(rng, fmt, "cpu")
+
+
+def check_dequantize(rng, fmt, device):
+    from b12x_kernels import tiles
+
+    k = ODD_K.get(fmt, 512)
+    qw = make_weight(rng, fmt, 72, k, False, None)
+    tw = tile_path.prepare_tiles([qw], "bf16", None, device)
+    out = torch.full((72, k), float("nan"), dtype=torch.bfloat16, device=device)  # poisoned
+    tiles.dequantize_tiles(fmt, tw.weight, tw.scales, tw.col_scale, out, grid_table=tw.grid, sign_table=tw.signs)
+    expect = torch.from_numpy(bf.dequantize(qw))
+    assert not out.isnan().any()
+    assert ((out.float().cpu() - expect).abs() <= 2**-8 * expect.abs()).all()  # one bf16 rounding
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
 @pytest.mark.parametrize("fmt,activation", [("FP8", "fp8"), ("FP8_BLOCK", "bf16"), ("NVFP4", "nvfp4")])
 def test_interpreted_fused_shards(rng, fmt, activation):
     """Shards with their own per-tensor scales (72 rows: FP8_BLOCK's 128-row blocks do not line up)."""
@@ -95,6 +115,12 @@ def test_gpu_tiles_match_reference(rng, fmt, activation, with_scale, m):
     y = bc.linear(x.cuda(), gpu, bias.cuda())
     close(y, bc.linear(x, cpu, bias))
     assert torch.equal(bc.linear(x.cuda(), gpu, bias.cuda()), y)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", bf.FORMATS)
+def test_gpu_dequantize_matches_formats(rng, fmt):
+    check_dequantize(rng, fmt, "cuda")
 
 
 @pytest.mark.gpu

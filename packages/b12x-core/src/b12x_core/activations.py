@@ -19,6 +19,7 @@ Rounding is to nearest, ties to even, saturating. Division by a power of two is 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 E4M3_MAX = 448.0
@@ -91,10 +92,12 @@ def nvfp4_values(x: torch.Tensor, input_scale: float) -> torch.Tensor:
     """nvfp4 x̂ without its per-tensor factor: q · sf (exact in bf16: at most 6 significant bits), float32."""
     x = x.to(torch.float32)
     t, k = x.shape
-    global_scale = 1.0 / torch.tensor(input_scale, dtype=torch.float32, device=x.device)
+    # float32 arithmetic on host scalars: no host-to-device copy, so this runs inside CUDA graph capture
+    global_scale = float(np.float32(1.0) / np.float32(input_scale))
     g = _grouped(x, 16)
     sf = round_e4m3(g.abs().amax(dim=2, keepdim=True) / 6.0 * global_scale)
-    out_scale = torch.where(sf > 0, global_scale / sf, torch.zeros_like(sf))
+    # a tensor numerator: `float / tensor` would multiply by a rounded reciprocal
+    out_scale = torch.where(sf > 0, torch.full_like(sf, global_scale) / sf, torch.zeros_like(sf))
     return (round_e2m1(g * out_scale) * sf).reshape(t, -1)[:, :k]
 
 
@@ -105,7 +108,7 @@ def fp8_operands(x: torch.Tensor, mode: str, input_scale: float | None = None):
     x = x.to(torch.float32)
     t, k = x.shape
     if mode == "fp8_static":
-        q = (x / torch.tensor(input_scale, dtype=torch.float32, device=x.device)).clamp(-E4M3_MAX, E4M3_MAX)
+        q = (x / float(np.float32(input_scale))).clamp(-E4M3_MAX, E4M3_MAX)
         return q.to(torch.float8_e4m3fn), None, None
     if mode == "fp8_token":
         s = _amax_scale(x.abs().amax(dim=1, keepdim=True))

@@ -81,6 +81,7 @@ class PreparedLinear:
     element_shards: list | None = field(default=None, repr=False)  # CUDA element formats: per-shard tensors
     tiles: object | None = field(default=None, repr=False)  # tile_path.TileWeight: the Triton prefill path
     tiles_from: int = 0  # calls with at least this many tokens run the tiles (when prepared)
+    gemm_from: int = 1 << 62  # ... and from this many on, bf16-valued activations: decode + dense bf16 GEMM
     query: Query | None = None  # what dispatch was asked (explain() replays it)
     handle: int = 0
 
@@ -88,6 +89,8 @@ class PreparedLinear:
         path = self.path
         if self.tiles is not None and path != "triton_tiles":
             path += f" (M < {self.tiles_from}), triton_tiles (M >= {self.tiles_from})"
+        if self.tiles is not None and self.gemm_from < self.max_tokens and self.act_mode in ("bf16", "mxfp8", "nvfp4"):
+            path += f", decode + bf16 GEMM (M >= {self.gemm_from})"
         return (
             f"PreparedLinear({self.format} × {self.activation} [{self.act_mode}], N={self.n}, K={self.k}, "
             f"max_tokens={self.max_tokens}, {self.device}, path={path})"
@@ -124,6 +127,7 @@ def prepare_linear(
 
         lin.tiles = tile_path.prepare_tiles(shards, mode, scale, device)
         lin.tiles_from = 0 if chosen == "triton_tiles" else crossover.tiles_from(fmt, device)
+        lin.gemm_from = crossover.gemm_from(fmt, device)
     if chosen == "cuda_gemv_ggml":
         from .cuda_paths import grid_table
 

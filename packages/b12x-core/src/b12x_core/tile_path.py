@@ -2,7 +2,10 @@
 
 prepare_tiles concatenates the row shards of a fused layer into one weight and folds every per-tensor factor
 (FP8 weight_scale, NVFP4 weight_scale_2, a static activation scale) into one float32 scale per output row.
-A call quantizes activations the way activations.py defines them, then launches one kernel.
+A call quantizes activations the way activations.py defines them, then launches one kernel; from
+`lin.gemm_from` tokens on, a call whose activations are bf16 values (bf16, mxfp8, nvfp4 modes) instead decodes
+the weight to bf16 in a workspace shared by the device's layers and runs the dense bf16 GEMM (cuBLAS): at large
+M the decode is a small memory-bound pass and the GEMM runs at the dense speed.
 """
 
 from __future__ import annotations
@@ -87,12 +90,34 @@ def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | No
     raise ValueError(f"unknown activation mode {act_mode!r}")
 
 
+_workspaces: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def reserve_workspace(device: torch.device, numel: int) -> None:
+    """Grow the device's bf16 weight workspace to `numel` (prepare time). Outgrown buffers stay alive: a CUDA
+    graph captured earlier may still read them."""
+    held = _workspaces.setdefault(device, [])
+    if not held or held[-1].numel() < numel:
+        held.append(torch.empty(numel, dtype=torch.bfloat16, device=device))
+
+
+def dense_path(lin) -> bool:
+    """Whether large-M calls of `lin` may decode to the workspace and run the dense GEMM."""
+    return lin.act_mode in ("bf16", "mxfp8", "nvfp4")
+
+
 def linear_tiles(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
     from b12x_kernels import tiles
 
     tw = lin.tiles
     x2 = x.reshape(-1, lin.k).contiguous()
     xq, row_scale, group_scale = activation_operands(x2, lin.act_mode, lin.input_scale)
+    if x2.shape[0] >= lin.gemm_from and dense_path(lin):
+        w = _workspaces[lin.device][-1][: lin.n * lin.k].view(lin.n, lin.k)
+        tiles.dequantize_tiles(lin.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
+                               sign_table=tw.signs)  # fmt: skip
+        y = torch.nn.functional.linear(xq, w, None if bias is None else bias.to(torch.bfloat16))
+        return y.reshape(*x.shape[:-1], lin.n)
     y = torch.empty(x2.shape[0], lin.n, dtype=torch.bfloat16, device=x.device)
     tiles.linear_tiles(
         lin.format, xq, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
@@ -107,5 +132,8 @@ def warm(lin) -> None:
 
     sizes = sorted({tiles.default_config(lin.format, m)["BLOCK_M"] for m in (lin.tiles_from, lin.max_tokens)}
                    | {b for b in (16, 32, 64, 128) if lin.tiles_from <= b <= lin.max_tokens})  # fmt: skip
+    if dense_path(lin) and lin.max_tokens >= lin.gemm_from:
+        reserve_workspace(lin.device, lin.n * lin.k)
+        sizes.append(max(lin.gemm_from, 1))
     for m in sizes:
         linear_tiles(torch.zeros(max(m, 1), lin.k, dtype=torch.bfloat16, device=lin.device), lin, None)

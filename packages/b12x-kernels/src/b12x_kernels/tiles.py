@@ -214,3 +214,33 @@ def linear_tiles(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _dequantize_tiles(w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, out_ptr, N, K,
+                      FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K, FMT, False, BLOCK_N, BLOCK_K).to(tl.float32)
+    if FMT == 1:
+        w = w * tl.load(s_ptr + offs_n * tl.cdiv(K, 128) + k0 // 128, mask=offs_n < N, other=0.0)[:, None]
+    w = w * tl.load(col_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], w.to(tl.bfloat16), mask=mask)
+
+
+def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=None, sign_table=None):
+    """out[N, K] (bf16, written) = decode(weight) · block scales · col_scale[n], each rounded once to bf16:
+    the weight a large-M call hands to a dense bf16 GEMM (memory-bound, ~N·K·(2 + packed bytes) of traffic)."""
+    if fmt not in _CODE:
+        raise ValueError(f"dequantize_tiles: unknown format {fmt!r}; known {FORMATS}")
+    n, k = out.shape
+    dummy = col_scale
+    grid = (triton.cdiv(n, 64), triton.cdiv(k, BLOCK_K))
+    _dequantize_tiles[grid](
+        weight, dummy if scales is None else scales, dummy if grid_table is None else grid_table,
+        dummy if sign_table is None else sign_table, col_scale, out, n, k,
+        FMT=_CODE[fmt], BLOCK_N=64, BLOCK_K=BLOCK_K, num_warps=4,
+    )  # fmt: skip
+    return out
