@@ -54,8 +54,14 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.reshape(t, -1, group)
 
 
+def _div(t: torch.Tensor, divisor: float) -> torch.Tensor:
+    """t / divisor correctly rounded on every device: CUDA divides by a host scalar as a multiplication by its
+    rounded reciprocal, which moves scales by an ulp and flips e4m3 codes against the CPU reference."""
+    return t / torch.full_like(t, divisor)
+
+
 def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    scale = amax / E4M3_MAX
+    scale = _div(amax, E4M3_MAX)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
@@ -95,7 +101,7 @@ def nvfp4_values(x: torch.Tensor, input_scale: float) -> torch.Tensor:
     # float32 arithmetic on host scalars: no host-to-device copy, so this runs inside CUDA graph capture
     global_scale = float(np.float32(1.0) / np.float32(input_scale))
     g = _grouped(x, 16)
-    sf = round_e4m3(g.abs().amax(dim=2, keepdim=True) / 6.0 * global_scale)
+    sf = round_e4m3(_div(g.abs().amax(dim=2, keepdim=True), 6.0) * global_scale)
     # a tensor numerator: `float / tensor` would multiply by a rounded reciprocal
     out_scale = torch.where(sf > 0, torch.full_like(sf, global_scale) / sf, torch.zeros_like(sf))
     return (round_e2m1(g * out_scale) * sf).reshape(t, -1)[:, :k]
@@ -108,7 +114,7 @@ def fp8_operands(x: torch.Tensor, mode: str, input_scale: float | None = None):
     x = x.to(torch.float32)
     t, k = x.shape
     if mode == "fp8_static":
-        q = (x / float(np.float32(input_scale))).clamp(-E4M3_MAX, E4M3_MAX)
+        q = _div(x, float(np.float32(input_scale))).clamp(-E4M3_MAX, E4M3_MAX)
         return q.to(torch.float8_e4m3fn), None, None
     if mode == "fp8_token":
         s = _amax_scale(x.abs().amax(dim=1, keepdim=True))
