@@ -55,11 +55,14 @@ def close(y, ref):
     assert ((y - ref).abs() <= 1e-2 * scale + ulp).all(), ((y - ref).abs() / scale).max()
 
 
-def interpreted(x, qw, activation, bias):
-    """The tiles on CPU tensors (interpreter): the reference's PreparedLinear plus prepared tiles."""
+def interpreted(x, qw, activation, bias, gemm_from=1 << 62):
+    """The tiles on CPU tensors (interpreter): the reference's PreparedLinear plus prepared tiles; from
+    `gemm_from` tokens on, the large-M paths instead (decode + bf16 GEMM, fp8 _scaled_mm)."""
     ref = bc.prepare_linear(qw, device="cpu", max_tokens=x.shape[0], activation=activation)
     tiles = tile_path.prepare_tiles(as_shards(qw), ref.act_mode, ref.input_scale, "cpu")
-    lin = dataclasses.replace(ref, tiles=tiles)
+    lin = dataclasses.replace(ref, tiles=tiles, gemm_from=gemm_from)
+    if gemm_from <= x.shape[0] and tile_path.dense_path(lin):
+        tile_path.reserve_workspace(lin.device, lin.n * lin.k)
     return tile_path.linear_tiles(x, lin, bias), bc.linear(x, ref, bias)
 
 
@@ -71,6 +74,18 @@ def test_interpreted_tiles_match_reference(rng, fmt, activation, with_scale):
     qw = make_weight(rng, fmt, 72, k, with_scale, x)
     bias = torch.from_numpy(rng.standard_normal(72).astype(np.float32)).to(torch.bfloat16)
     close(*interpreted(x, qw, activation, bias))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
+def test_interpreted_large_m_paths_match_reference(rng, fmt, activation, with_scale):
+    """Decode + bf16 GEMM (bf16-valued activations) or fp8 _scaled_mm (FP8 W8A8); the rest stay on the tiles."""
+    k = ODD_K.get(fmt, 512)
+    k += (-k) % 16 if fmt == "FP8" else 0  # _scaled_mm's fp8 layouts want K % 16 == 0
+    x = torch.from_numpy(rng.standard_normal((20, k)).astype(np.float32)).to(torch.bfloat16)
+    qw = make_weight(rng, fmt, 80, k, with_scale, x)
+    bias = torch.from_numpy(rng.standard_normal(80).astype(np.float32)).to(torch.bfloat16)
+    close(*interpreted(x, qw, activation, bias, gemm_from=0))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
@@ -104,15 +119,15 @@ def test_interpreted_fused_shards(rng, fmt, activation):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
-@pytest.mark.parametrize("m", [17, 64, 300, 2048])
+@pytest.mark.parametrize("m", [5, 17, 64, 300, 2048])
 def test_gpu_tiles_match_reference(rng, fmt, activation, with_scale, m):
-    k = ODD_K.get(fmt, 1024) if m < 300 else 2048
+    k = ODD_K.get(fmt, 1024) if m < 300 else 2048  # FP8 W8A8 at 200: the tiles (no _scaled_mm) at every M
     n = 328
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
     qw = make_weight(rng, fmt, n, k, with_scale, x)
     bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=m, activation=activation)
-    assert gpu.tiles is not None and m >= gpu.tiles_from, gpu
+    assert gpu.tiles is not None, gpu
     cpu = bc.prepare_linear(qw, device="cpu", max_tokens=m, activation=activation)
     y = bc.linear(x.cuda(), gpu, bias.cuda())
     close(y, bc.linear(x, cpu, bias))
@@ -162,3 +177,20 @@ def test_gpu_fused_shards(rng, fmt, activation):
     close(bc.linear(x.cuda(), gpu), bc.linear(x, bc.prepare_linear(parts, activation=activation)))
     if activation == "bf16":  # the GEMV reads the same stacked copy as the tiles
         close(bc.linear(x[:3].cuda(), gpu), bc.linear(x[:3], bc.prepare_linear(parts, activation=activation)))
+
+
+def test_warm_covers_every_tile_configuration(monkeypatch):
+    """prepare compiles every configuration a call can pick: nothing compiles inside a call or a graph capture."""
+    from types import SimpleNamespace
+
+    from b12x_kernels import tiles
+
+    for n, tiles_from in ((8192, 0), (328, 12), (24, 17)):
+        lin = SimpleNamespace(format="FP8", tiles_from=tiles_from, max_tokens=3000, n=n, k=128, device="cpu",
+                              act_mode="fp8_token", gemm_from=1 << 62)  # fmt: skip
+        calls = []
+        monkeypatch.setattr(tile_path, "linear_tiles", lambda x, lin, bias, calls=calls: calls.append(x.shape[0]))
+        tile_path.warm(lin)
+        warmed = {tuple(sorted(tiles.default_config(lin.format, m, n).items())) for m in calls}
+        for m in range(max(tiles_from, 1), lin.max_tokens + 1):
+            assert tuple(sorted(tiles.default_config(lin.format, m, n).items())) in warmed, (n, m)

@@ -89,8 +89,13 @@ class PreparedLinear:
         path = self.path
         if self.tiles is not None and path != "triton_tiles":
             path += f" (M < {self.tiles_from}), triton_tiles (M >= {self.tiles_from})"
-        if self.tiles is not None and self.gemm_from < self.max_tokens and self.act_mode in ("bf16", "mxfp8", "nvfp4"):
-            path += f", decode + bf16 GEMM (M >= {self.gemm_from})"
+        if self.tiles is not None and self.gemm_from <= self.max_tokens:
+            from .tile_path import dense_path, scaled_mm_path
+
+            if dense_path(self):
+                path += f", decode + bf16 GEMM (M >= {self.gemm_from})"
+            elif scaled_mm_path(self):
+                path += f", fp8 _scaled_mm (M >= {self.gemm_from})"
         return (
             f"PreparedLinear({self.format} × {self.activation} [{self.act_mode}], N={self.n}, K={self.k}, "
             f"max_tokens={self.max_tokens}, {self.device}, path={path})"

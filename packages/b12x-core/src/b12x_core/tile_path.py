@@ -106,12 +106,33 @@ def dense_path(lin) -> bool:
     return lin.act_mode in ("bf16", "mxfp8", "nvfp4")
 
 
+def scaled_mm_path(lin) -> bool:
+    """Whether large-M calls of `lin` run cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales): FP8 weights
+    with per-tensor (static) or per-token activation scales, dimensions its fp8 layouts accept."""
+    return lin.format == "FP8" and lin.act_mode in ("fp8_static", "fp8_token") and lin.k % 16 == 0 and lin.n % 16 == 0
+
+
+def _scaled_mm(xq: torch.Tensor, row_scale: torch.Tensor | None, lin, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = (xq · row_scale) (w · col_scale)ᵀ + bias; rows padded to a multiple of 16 for the fp8 layouts."""
+    m = xq.shape[0]
+    pad = (-m) % 16
+    ones = torch.ones(m + pad, 1, dtype=torch.float32, device=xq.device)
+    scale_a = ones if row_scale is None else torch.cat([row_scale, ones[m:, 0]]).reshape(-1, 1)
+    if pad:
+        xq = torch.cat([xq, torch.zeros(pad, lin.k, dtype=xq.dtype, device=xq.device)])
+    y = torch._scaled_mm(xq, lin.tiles.weight.t(), scale_a=scale_a, scale_b=lin.tiles.col_scale.reshape(1, -1),
+                         bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)  # fmt: skip
+    return y[:m]
+
+
 def linear_tiles(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tensor:
     from b12x_kernels import tiles
 
     tw = lin.tiles
     x2 = x.reshape(-1, lin.k).contiguous()
     xq, row_scale, group_scale = activation_operands(x2, lin.act_mode, lin.input_scale)
+    if x2.shape[0] >= lin.gemm_from and scaled_mm_path(lin):
+        return _scaled_mm(xq, row_scale, lin, bias).reshape(*x.shape[:-1], lin.n)
     if x2.shape[0] >= lin.gemm_from and dense_path(lin):
         w = _workspaces[lin.device][-1][: lin.n * lin.k].view(lin.n, lin.k)
         tiles.dequantize_tiles(lin.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
@@ -130,10 +151,19 @@ def warm(lin) -> None:
     """Compile every tile configuration the calls of `lin` can pick (prepare time, never during capture)."""
     from b12x_kernels import tiles
 
-    sizes = sorted({tiles.default_config(lin.format, m)["BLOCK_M"] for m in (lin.tiles_from, lin.max_tokens)}
-                   | {b for b in (16, 32, 64, 128) if lin.tiles_from <= b <= lin.max_tokens})  # fmt: skip
+    # one call per distinct tile configuration between tiles_from and max_tokens
+    configs, lo = {}, max(lin.tiles_from, 1)
+    for block_m in (16, 32, 64, 128):  # a config depends on BLOCK_M and the number of row tiles
+        for rows in range(1, 265):
+            m = min(max(block_m * rows, lo), lin.max_tokens)
+            config = tiles.default_config(lin.format, m, lin.n)
+            configs.setdefault(tuple(sorted(config.items())), m)
+            if config["BLOCK_N"] == 128 or m == lin.max_tokens:
+                break
+    sizes = sorted(configs.values())
     if dense_path(lin) and lin.max_tokens >= lin.gemm_from:
         reserve_workspace(lin.device, lin.n * lin.k)
+    if (dense_path(lin) or scaled_mm_path(lin)) and lin.max_tokens >= lin.gemm_from:
         sizes.append(max(lin.gemm_from, 1))
     for m in sizes:
         linear_tiles(torch.zeros(max(m, 1), lin.k, dtype=torch.bfloat16, device=lin.device), lin, None)

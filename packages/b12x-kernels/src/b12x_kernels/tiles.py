@@ -167,12 +167,17 @@ def _linear_tiles(
     tl.store(y_ptrs, acc.to(tl.bfloat16), mask=m_ok[:, None] & (offs_n[None, :] < N))
 
 
-def default_config(fmt: str, m: int) -> dict:
-    """Tile sizes per format and M (a small table; tuned on the H200, see docs/performance.md)."""
+def default_config(fmt: str, m: int, n: int = 1 << 20) -> dict:
+    """Tile sizes per M and N. Small M narrows the column tiles until about two waves of programs fill the GPU
+    (a 132-SM H200 at M ≤ 64 has only N/128 programs otherwise)."""
+    del fmt  # one table for every format so far
     block_m = 128 if m > 64 else 64 if m > 32 else 32 if m > 16 else 16
-    warps = 8 if block_m == 128 else 4
-    return {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": BLOCK_K, "GROUP_M": 8, "num_warps": warps,
-            "num_stages": 3}  # fmt: skip
+    block_n = 128
+    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 264:
+        block_n //= 2
+    warps = 8 if block_m == 128 and block_n == 128 else 4
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": BLOCK_K, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": 3 if block_m * block_n >= 128 * 128 else 4}  # fmt: skip
 
 
 def linear_tiles(
@@ -200,7 +205,7 @@ def linear_tiles(
         raise ValueError(f"linear_tiles: unknown format {fmt!r}; known {FORMATS}")
     m, k = x.shape
     n = out.shape[1]
-    cfg = dict(default_config(fmt, m), **(config or {}))
+    cfg = dict(default_config(fmt, m, n), **(config or {}))
     dummy = col_scale  # any valid pointer for the unused ones
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _linear_tiles[grid](
