@@ -194,3 +194,23 @@ def test_warm_covers_every_tile_configuration(monkeypatch):
         warmed = {tuple(sorted(tiles.default_config(lin.format, m, n).items())) for m in calls}
         for m in range(max(tiles_from, 1), lin.max_tokens + 1):
             assert tuple(sorted(tiles.default_config(lin.format, m, n).items())) in warmed, (n, m)
+
+
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_activation_quantization_kernel_is_bit_exact(rng, mode, device):
+    """The fused mxfp8/nvfp4 activation quantizer against b12x_core.activations, bit for bit (zero groups,
+    magnitudes over 12 decades)."""
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs without a GPU")
+    from b12x_core.activations import nvfp4_values, quantize_activation
+    from b12x_kernels import act_quant
+
+    x = torch.from_numpy(rng.standard_normal((37, 384)) * np.logspace(-6, 6, 384)).to(torch.bfloat16)
+    x[3], x[5, :32] = 0, 0
+    input_scale = float(rng.uniform(1e-3, 1e-1))
+    global_scale = float(np.float32(1) / np.float32(input_scale))
+    out = torch.full_like(x, float("nan"), device=device)
+    act_quant.quantize_activation(x.to(device), mode, out, global_scale)
+    expect = quantize_activation(x, mode) if mode == "mxfp8" else nvfp4_values(x, input_scale)
+    assert torch.equal(out.cpu(), expect.to(torch.bfloat16))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .activations import fp8_operands, nvfp4_values, quantize_activation
+from .activations import fp8_operands
 
 
 def triton_unavailable() -> str:
@@ -83,10 +83,12 @@ def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | No
         return x2, None, None
     if act_mode.startswith("fp8"):
         return fp8_operands(x2, act_mode, input_scale)
-    if act_mode == "mxfp8":  # e4m3 · 2^e: exact in bf16
-        return quantize_activation(x2, "mxfp8").to(torch.bfloat16), None, None
-    if act_mode == "nvfp4":  # q · sf exact in bf16; input_scale sits in col_scale
-        return nvfp4_values(x2, input_scale).to(torch.bfloat16), None, None
+    if act_mode in ("mxfp8", "nvfp4"):  # e4m3·2^e and e2m1·sf: exact in bf16 (nvfp4's input_scale is in col_scale)
+        from b12x_kernels import act_quant
+
+        out = torch.empty_like(x2, dtype=torch.bfloat16)
+        global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+        return act_quant.quantize_activation(x2, act_mode, out, global_scale), None, None
     raise ValueError(f"unknown activation mode {act_mode!r}")
 
 
