@@ -22,4 +22,7 @@ def register() -> None:
     from . import backends, config  # noqa: F401  (registers the "b12x" quantization config)
 
     backends.install_request_hook()
+    from . import linear_kernels
+
+    linear_kernels.install()  # b12x's dense kernels join vLLM's own kernel selection
     _registered = True
