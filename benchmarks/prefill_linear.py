@@ -88,7 +88,7 @@ def first_faster(ms: list[int], fast: dict, slow: dict) -> int:
     return min(ok) if ok else max(ms) + 1
 
 
-def sweep(rows: list, n: int, k: int) -> tuple[dict, dict]:
+def sweep(rows: list, n: int, k: int, paths_too: bool = True) -> tuple[dict, dict]:
     print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside; each path alone for the crossovers")
     tiles_from, gemm_from = {}, {}
     bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
@@ -107,6 +107,8 @@ def sweep(rows: list, n: int, k: int) -> tuple[dict, dict]:
                 t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
                 rows.append(dict(part="sweep", shape=f"{n}x{k}", m=m, format=fmt, us=t, bf16_us=t_bf16))
                 print(f"  {fmt:<8} M={m:<5} {t:>9.1f} µs  bf16 {t_bf16:>9.1f} µs  {t_bf16 / t:>5.2f}x", flush=True)
+            if not paths_too:
+                continue
             if m in CROSSOVER_MS:
                 force(preps, never, never)
                 paths["gemv"][m] = time_linear(preps, x)
@@ -117,6 +119,8 @@ def sweep(rows: list, n: int, k: int) -> tuple[dict, dict]:
                 force(preps, 0, 0)
                 paths["dense"][m] = time_linear(preps, x)
         force(preps, *dispatched)
+        if not paths_too:
+            continue
         rows.append(dict(part="paths", shape=f"{n}x{k}", format=fmt, **{p: t for p, t in paths.items()}))
         tiles_from[fmt] = first_faster(CROSSOVER_MS, paths["tiles"], paths["gemv"])
         gemm_from[fmt] = first_faster(GEMM_MS, paths["dense"], paths["tiles"])
@@ -152,11 +156,12 @@ def main() -> None:
     parser.add_argument("--png", default="prefill_linear.png")
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--dispatched-only", action="store_true", help="sweep without timing each path alone")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows: list = []
     large_m(rows, [(8192, 8192), (28672, 8192)], args.m)
-    crossover = ({}, {}) if args.skip_sweep else sweep(rows, 8192, 8192)
+    crossover = ({}, {}) if args.skip_sweep else sweep(rows, 8192, 8192, paths_too=not args.dispatched_only)
     result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
               "crossover": crossover, "rows": rows}  # fmt: skip
     with open(args.out, "w") as f:
