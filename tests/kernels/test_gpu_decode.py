@@ -7,6 +7,7 @@ Tolerance: the kernels and the reference both sum in fp32, in different orders, 
 import numpy as np
 import pytest
 import torch
+from closeness import close
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -22,14 +23,6 @@ def random_blocks(rng, fmt, n, k):
     d = (rng.uniform(0.5, 1.5, size=blocks.shape[:-1]) / np.sqrt(k) / (40 if fmt != "Q8_0" else 100)).astype(np.float16)
     blocks[..., :2] = d[..., None].view(np.uint8).reshape(*blocks.shape[:-1], 2)
     return bf.QuantizedWeight.from_tensors(fmt, {"weight": blocks})
-
-
-def close(y, ref):
-    y, ref = y.float().cpu(), ref.float().cpu()
-    assert not torch.isnan(y).any()
-    scale = torch.maximum(ref.abs(), ref.square().mean().sqrt())
-    ulp = 2**-7 * ref.abs()  # both round to bf16: one ulp of the reference apart where a sum sits on a boundary
-    assert ((y - ref).abs() <= 1e-2 * scale + ulp).all(), ((y - ref).abs() / scale).max()
 
 
 @pytest.mark.parametrize("fmt", GGML)

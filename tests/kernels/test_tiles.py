@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from closeness import close
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -45,14 +46,6 @@ def make_weight(rng, fmt, n, k, with_input_scale, x, shards=1):
             qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(scale * (1 + i))})
         parts.append(qw)
     return parts[0] if shards == 1 else parts
-
-
-def close(y, ref):
-    y, ref = y.float().cpu(), ref.float().cpu()
-    assert not torch.isnan(y).any()
-    scale = torch.maximum(ref.abs(), ref.square().mean().sqrt())
-    ulp = 2**-7 * ref.abs()  # both round to bf16: one ulp of the reference apart where a sum sits on a boundary
-    assert ((y - ref).abs() <= 1e-2 * scale + ulp).all(), ((y - ref).abs() / scale).max()
 
 
 def interpreted(x, qw, activation, bias, gemm_from=1 << 62):

@@ -1,0 +1,14 @@
+"""The GPU kernels' tolerance against the b12x-core reference (both sum in fp32, in different orders, and
+round to bf16): |y − y_ref| ≤ 1e-2 · max(|y_ref|, rms(y_ref)) + 2^-7·|y_ref| (one bf16 ulp), and no NaN."""
+
+from __future__ import annotations
+
+import torch
+
+
+def close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    y, ref = y.float().cpu(), ref.float().cpu()
+    assert not torch.isnan(y).any()
+    scale = torch.maximum(ref.abs(), ref.square().mean().sqrt())
+    ulp = 2**-7 * ref.abs()  # one ulp of the reference apart where a sum sits on a rounding boundary
+    assert ((y - ref).abs() <= 1e-2 * scale + ulp).all(), ((y - ref).abs() / scale).max()
