@@ -20,6 +20,7 @@ from b12x_core.linear import input_scale_of
 
 from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
+from ._reload import keep_addresses
 
 # Activations per weight format for dense layers: the checkpoint's own recipe.
 DENSE_ACTIVATION = {"FP8": "fp8", "FP8_BLOCK": "fp8", "MXFP8": "mxfp8"}
@@ -67,9 +68,10 @@ class B12xLinearMethod(LinearMethodBase):
         activation = DENSE_ACTIVATION.get(self.format, "bf16")
         if self.format == "NVFP4" and input_scale_of(shards) is not None:
             activation = "nvfp4"
-        layer.b12x_linear = bc.prepare_linear(
+        prepared = bc.prepare_linear(
             shards, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation=activation
         )
+        layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
         report.record(self.prefix, layer.b12x_linear)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,9 +94,11 @@ class B12xEmbeddingMethod(QuantizeMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         qw = bf.QuantizedWeight.from_tensors("Q8_0", {"weight": layer.weight.data})
-        layer.b12x_embedding = bc.prepare_embedding(qw, device=layer.weight.device)
+        embedding = bc.prepare_embedding(qw, device=layer.weight.device)
+        layer.b12x_embedding = keep_addresses(getattr(layer, "b12x_embedding", None), embedding)
         report.record(self.prefix or "embed_tokens", layer.b12x_embedding)
-        layer.b12x_linear = bc.prepare_linear(qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm())
+        prepared = bc.prepare_linear(qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm())
+        layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
 
     def embedding(self, layer, input_: torch.Tensor) -> torch.Tensor:
         return bc.embedding(input_, layer.b12x_embedding)

@@ -20,6 +20,7 @@ import b12x_formats as bf
 
 from . import report
 from ._params import max_tokens_from_vllm
+from ._reload import keep_addresses
 
 
 def _native_path(fmt: str, activation: str) -> tuple[bool, str | None]:
@@ -39,9 +40,10 @@ def _native_path(fmt: str, activation: str) -> tuple[bool, str | None]:
 
 
 def _prepare(layer, prefix: str, qw: bf.QuantizedWeight, activation: str) -> None:
-    layer.b12x_linear = bc.prepare_linear(
+    prepared = bc.prepare_linear(
         qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation=activation
     )
+    layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
     report.record(prefix, layer.b12x_linear)
 
 

@@ -23,6 +23,7 @@ from b12x_formats.quantized import codec_for
 
 from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
+from ._reload import keep_addresses
 from .env import moe_fp4_force_a16
 
 logger = logging.getLogger("b12x_vllm")
@@ -98,12 +99,13 @@ class B12xMoEMethod(FusedMoEMethodBase):
         )  # fmt: skip
         for act in self._act_formats(w13):
             try:
-                layer.b12x_moe = bc.prepare_moe(w13, w2, act_format=act, **common)
+                prepared = bc.prepare_moe(w13, w2, act_format=act, **common)
                 break
             except bc.UnsupportedError as err:
                 logger.info("b12x MoE %s: %s activations unavailable (%s); trying the next", self.prefix, act, err)
         else:
             raise bc.UnsupportedError(f"b12x MoE {self.prefix}: no activation format runs {self.format} here")
+        layer.b12x_moe = keep_addresses(getattr(layer, "b12x_moe", None), prepared)
         report.record(self.prefix, layer.b12x_moe)
 
     def _act_formats(self, w13) -> list[str]:
