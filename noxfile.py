@@ -41,6 +41,21 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
 
+@nox.session
+def vllm033(session: nox.Session) -> None:
+    """The plugin's unit tests (registration, kernel-selection layouts, reload) against the CUDA vLLM 0.33 wheel,
+    on any machine: vLLM 0.33 pins torch 2.14 (a CUDA build, several GB), so this is not part of `tests`."""
+    session.install("vllm==0.33.*")
+    session.install("-e", "packages/b12x-formats[convert]")
+    session.install("--no-deps", "packages/b12x-kernels", env={"CMAKE_BUILD_PARALLEL_LEVEL": "2"})
+    for name in ("b12x-core", "b12x-vllm"):
+        session.install("--no-deps", "-e", f"packages/{name}")
+    session.install(*TEST_DEPS)
+    plugin = "tests/vllm_plugin"
+    session.run("pytest", f"{plugin}/test_plugin.py", f"{plugin}/test_linear_kernels.py", f"{plugin}/test_reload.py",
+                *session.posargs)  # fmt: skip
+
+
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
     """GPU tests on a CUDA machine, in its own Python (see tools/gpu_tests.sh, which the device runs directly)."""

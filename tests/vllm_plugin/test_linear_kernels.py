@@ -19,9 +19,9 @@ LISTS = linear_kernels._CANDIDATE_LISTS
 
 @pytest.fixture(autouse=True)
 def vllm_config():
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
-    with set_current_vllm_config(VllmConfig()):
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig("cpu"))):
         yield
 
 
