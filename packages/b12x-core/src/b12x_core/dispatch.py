@@ -1,7 +1,8 @@
 """Which implementation runs a prepared op: an ordered table of candidates, each answering (ok, reason).
 
 CUDA kernels so far: bf16-activation GEMV for every format, Triton tiles for every format × activation (the
-prefill path, and the only path of quantized activations), the Q8_0 embedding; MoE still runs the reference.
+prefill path, and the only path of quantized activations), Triton grouped GEMMs for fused MoE, the Q8_0
+embedding.
 A bf16 linear prepares both the GEMV and the tiles; `linear` picks by M (crossover.py).
 The reference runs wherever torch runs, but on CUDA only when asked for (`path="reference"`): b12x never
 silently falls back to a slow path on the GPU.
@@ -83,6 +84,15 @@ def _triton_tiles(q: Query) -> tuple[bool, str]:
     return (False, why) if why else (True, "Triton tensor-core tiles (prefill; every activation mode)")
 
 
+def _triton_moe(q: Query) -> tuple[bool, str]:
+    from .tile_path import triton_unavailable
+
+    if q.op != "moe":
+        return False, f"runs fused MoE, not {q.op}"
+    why = _cuda_kernel(q) or triton_unavailable()
+    return (False, why) if why else (True, "Triton grouped expert GEMMs over expert-sorted slots, activation fused")
+
+
 def _cuda_embedding_q8_0(q: Query) -> tuple[bool, str]:
     if q.op != "embedding":
         return False, f"runs embedding Q8_0, not {q.op}"
@@ -95,6 +105,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("cuda_gemv_ggml", _cuda_gemv_ggml),
     Candidate("cuda_gemv_elem", _cuda_gemv_elem),
     Candidate("triton_tiles", _triton_tiles),
+    Candidate("triton_moe", _triton_moe),
     Candidate("cuda_embedding_q8_0", _cuda_embedding_q8_0),
     Candidate("reference", _reference),
 )

@@ -68,14 +68,16 @@ class PreparedMoE:
     max_tokens: int
     device: torch.device
     path: str
-    w13: torch.Tensor = field(repr=False)  # float32 [E, 2I or I, H]
-    w2: torch.Tensor = field(repr=False)  # float32 [E, H, I]
+    w13: torch.Tensor | None = field(repr=False)  # reference: float32 [E, 2I or I, H]
+    w2: torch.Tensor | None = field(repr=False)  # reference: float32 [E, H, I]
     act_mode_13: str = "bf16"
     act_mode_2: str = "bf16"
     input_scale_13: float | None = None
     input_scale_2: float | None = None
     query: Query | None = None
     handle: int = 0
+    tiles13: object | None = field(default=None, repr=False)  # moe_path: experts stacked for the Triton GEMMs
+    tiles2: object | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -148,14 +150,20 @@ def prepare_moe(
         max_tokens=max_tokens,
         device=device,
         path=chosen,
-        w13=dequantize_rows(w13_shards, device),
-        w2=torch.from_numpy(bf.dequantize(w2)).to(device),
+        w13=None if chosen == "triton_moe" else dequantize_rows(w13_shards, device),
+        w2=None if chosen == "triton_moe" else torch.from_numpy(bf.dequantize(w2)).to(device),
         act_mode_13=activation_mode(w13.format, act_format, s13 is not None),
         act_mode_2=activation_mode(w2.format, act_format, s2 is not None),
         input_scale_13=s13,
         input_scale_2=s2,
     )
     moe.query, moe.handle = query, _registry.register(moe)
+    if chosen == "triton_moe":
+        from . import moe_path
+
+        moe.tiles13 = moe_path.prepare_expert_tiles(w13_shards, moe.act_mode_13, s13, device)
+        moe.tiles2 = moe_path.prepare_expert_tiles([w2], moe.act_mode_2, s2, device)
+        moe_path.warm(moe)
     return moe
 
 

@@ -31,7 +31,12 @@ def _(x, handle, bias):
 
 @torch.library.custom_op("b12x::moe", mutates_args=())
 def _moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, handle: int) -> torch.Tensor:
-    return moe_reference(x, topk_weights, topk_ids, _registry.lookup(handle))
+    p = _registry.lookup(handle)
+    if p.path == "triton_moe":
+        from . import moe_path
+
+        return moe_path.moe_tiles(x, topk_weights, topk_ids, p)
+    return moe_reference(x, topk_weights, topk_ids, p)
 
 
 @_moe.register_fake

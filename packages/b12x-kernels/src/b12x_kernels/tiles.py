@@ -249,3 +249,81 @@ def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=Non
         FMT=_CODE[fmt], BLOCK_N=64, BLOCK_K=BLOCK_K, num_warps=4,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _moe_tiles(
+    x_ptr, sorted_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr,
+    col_scale_ptr, y_ptr, N, K, TOP_K, ROWS_PER_EXPERT,
+    FMT: tl.constexpr, GATHER: tl.constexpr, ACT: tl.constexpr, UP_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One expert's rows (a block of the expert-sorted token slots) × BLOCK_N output columns.
+
+    ACT 0: y = h (fp32 out); 1: y = silu(gate)·up (bf16 out; N is the intermediate size, weight rows
+    [gate | up] or [up | gate] per expert); 2: y = relu(h)² (bf16 out). GATHER: x rows are token = slot // TOP_K
+    of the sorted slots; otherwise x rows are the sorted positions themselves."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    start = tl.load(block_start_ptr + block)
+    rows = tl.load(block_rows_ptr + block)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < rows
+    if GATHER:
+        x_rows = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0) // TOP_K
+    else:
+        x_rows = start + offs_m
+    local_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = local_n < N
+    first = expert * ROWS_PER_EXPERT + tl.where(n_ok, local_n, 0)
+    total_rows = (expert + 1) * ROWS_PER_EXPERT
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + x_rows[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+                    other=0.0)  # fmt: skip
+        w = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, first, k0, total_rows, K, FMT, False, BLOCK_N, BLOCK_K)
+        acc = tl.dot(x, tl.trans(w), acc)
+        if ACT == 1:
+            w2 = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, first + N, k0, total_rows, K, FMT, False, BLOCK_N, BLOCK_K)
+            acc2 = tl.dot(x, tl.trans(w2), acc2)
+    acc = acc * tl.load(col_scale_ptr + first, mask=n_ok, other=0.0)[None, :]
+    out_ptrs = y_ptr + (start + offs_m)[:, None] * N + local_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if ACT == 0:
+        tl.store(out_ptrs, acc, mask=mask)
+    elif ACT == 1:
+        acc2 = acc2 * tl.load(col_scale_ptr + first + N, mask=n_ok, other=0.0)[None, :]
+        gate = acc2 if UP_FIRST else acc
+        up = acc if UP_FIRST else acc2
+        tl.store(out_ptrs, (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16), mask=mask)
+    else:
+        relu = tl.maximum(acc, 0.0)
+        tl.store(out_ptrs, (relu * relu).to(tl.bfloat16), mask=mask)
+
+
+MOE_ACT = {"none": 0, "silu": 1, "relu2": 2}
+
+
+def moe_tiles(fmt: str, x, sorted_slots, block_expert, block_start, block_rows, weight, scales, col_scale, out, *,
+              top_k: int, rows_per_expert: int, gather: bool, act: str, up_first: bool = False, grid_table=None,
+              sign_table=None, block_m: int = 16):  # fmt: skip
+    """One grouped expert GEMM over expert-sorted token slots (see _moe_tiles); weight/scales/col_scale are the
+    experts' tensors stacked along rows ([E·rows_per_expert, ...]); blocks with expert −1 do nothing, so the
+    launch size is fixed (CUDA graphs) while the routing decides the work."""
+    n = out.shape[1]
+    k = x.shape[1]
+    dummy = col_scale
+    block_n = 64 if n <= 4096 else 128
+    grid = (block_expert.numel(), triton.cdiv(n, block_n))
+    _moe_tiles[grid](
+        x, sorted_slots, block_expert, block_start, block_rows, weight, dummy if scales is None else scales,
+        dummy if grid_table is None else grid_table, dummy if sign_table is None else sign_table, col_scale, out,
+        n, k, top_k, rows_per_expert,
+        FMT=_CODE[fmt], GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K, num_warps=4, num_stages=2 if act == "silu" else 3,  # two weight tiles: SM12x's 99 KB
+    )  # fmt: skip
+    return out

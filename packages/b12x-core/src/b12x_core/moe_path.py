@@ -1,0 +1,122 @@
+"""The CUDA fused-MoE path: expert-sorted token slots, two grouped Triton GEMMs (b12x_kernels.tiles.moe_tiles;
+the activation fused into the first), and a deterministic combine.
+
+No host synchronisation: the sort, the per-expert counts and the block table are torch ops on the device, and
+the launch covers the most blocks any routing can need (⌈T·k / BLOCK_M⌉ + E); blocks past the routing's work
+exit at once. So a call captures in a CUDA graph for a given T. The combine gathers each token's k expert
+outputs back in slot order and sums them in float32 (no atomics: repeated calls are bit-identical).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .tile_path import TileWeight, _torch
+
+
+def _per_expert(t: dict, name: str, experts: int) -> np.ndarray:
+    """A per-tensor factor of an expert stack (one scalar or one per expert) as float32 [E]."""
+    if name not in t:
+        return np.ones(experts, np.float32)
+    return np.broadcast_to(np.asarray(t[name], dtype=np.float32).reshape(-1), (experts,)).astype(np.float32)
+
+
+def prepare_expert_tiles(shards, act_mode: str, input_scale: float | None, device) -> TileWeight:
+    """Experts' tensors stacked along rows: expert e owns rows [e·R, (e+1)·R) with R = the shards' rows (gate then
+    up for a gated w13). Per-expert factors (NVFP4 weight_scale_2, nvfp4's input_scale) become col_scale."""
+    from b12x_formats import tables
+
+    from .cuda_paths import grid_table
+
+    fmt = shards[0].format
+    experts = shards[0].shape[0]
+    weight = torch.cat([_torch(p.tensors["weight"]) for p in shards], dim=1)
+    rows = weight.shape[1]
+    weight = weight.reshape(experts * rows, *weight.shape[2:]).contiguous().to(device)
+    scales = None
+    if "weight_scale" in shards[0].tensors:
+        scales = torch.cat([_torch(p.tensors["weight_scale"]) for p in shards], dim=1)
+        scales = scales.reshape(experts * rows, -1).contiguous().to(device)
+    act_factor = input_scale if act_mode == "nvfp4" else 1.0
+    factor = "weight_scale_2" if fmt in ("NVFP4", "W4A16_NVFP4") else None
+    col = np.concatenate(
+        [np.repeat((_per_expert(p.tensors, factor, experts) if factor else np.ones(experts, np.float32))[:, None],
+                   p.shape[1], axis=1) for p in shards], axis=1,
+    )  # fmt: skip
+    col_scale = (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).to(device)
+    grid = signs = None
+    if fmt.startswith("IQ2"):
+        grid = grid_table(fmt, device)
+        signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
+    return TileWeight(weight, scales, col_scale.to(torch.float32), grid, signs)
+
+
+def block_m(tokens: int, top_k: int, experts: int) -> int:
+    """Rows per block: small while the slots per expert are few (decode), larger for prefill."""
+    return 16 if tokens * top_k < 32 * experts else 64
+
+
+def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
+    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device."""
+    flat = ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would synchronise to size its output
+    blocks = (counts + rows_per_block - 1) // rows_per_block
+    block_end = torch.cumsum(blocks, 0)
+    most = -(-flat.numel() // rows_per_block) + experts
+    b = torch.arange(most, device=ids.device)
+    expert = torch.searchsorted(block_end, b, right=True)
+    valid = expert < experts
+    e = expert.clamp(max=experts - 1)
+    local = b - (block_end - blocks)[e]
+    start = (torch.cumsum(counts, 0) - counts)[e] + local * rows_per_block
+    rows = (counts[e] - local * rows_per_block).clamp(0, rows_per_block)
+    block_expert = torch.where(valid, e, torch.full_like(e, -1))
+    return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
+
+
+def _quantized(x: torch.Tensor, act_mode: str, input_scale: float | None) -> torch.Tensor:
+    if act_mode == "bf16":
+        return x
+    from b12x_kernels import act_quant
+
+    global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+    return act_quant.quantize_activation(x, act_mode, torch.empty_like(x), global_scale)
+
+
+def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, p) -> torch.Tensor:
+    from b12x_kernels import tiles
+
+    t, k = topk_ids.shape
+    slots = t * k
+    bm = block_m(t, k, p.experts)
+    order, block_expert, start, rows = block_table(topk_ids, p.experts, bm)
+    common = dict(top_k=k, block_m=bm)
+    inter = torch.empty(slots, p.intermediate, dtype=torch.bfloat16, device=x.device)
+    w13 = p.tiles13
+    tiles.moe_tiles(
+        p.w13_format, _quantized(x.contiguous(), p.act_mode_13, p.input_scale_13), order, block_expert, start, rows,
+        w13.weight, w13.scales, w13.col_scale, inter, rows_per_expert=w13.weight.shape[0] // p.experts, gather=True,
+        act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, **common,
+    )  # fmt: skip
+    out = torch.empty(slots, p.hidden, dtype=torch.float32, device=x.device)
+    w2 = p.tiles2
+    tiles.moe_tiles(
+        p.w2_format, _quantized(inter, p.act_mode_2, p.input_scale_2), order, block_expert, start, rows, w2.weight,
+        w2.scales, w2.col_scale, out, rows_per_expert=p.hidden, gather=False, act="none", grid_table=w2.grid,
+        sign_table=w2.signs, **common,
+    )  # fmt: skip
+    position = torch.empty_like(order)
+    position[order.long()] = torch.arange(slots, dtype=order.dtype, device=x.device)
+    per_slot = out[position.long()].reshape(t, k, p.hidden)
+    return (per_slot * topk_weights[..., None]).sum(dim=1).to(torch.bfloat16)
+
+
+def warm(p) -> None:
+    """Compile both block sizes' kernels at prepare time (routing every slot to expert 0)."""
+    for tokens in sorted({1, p.max_tokens}):
+        ids = torch.zeros(tokens, p.top_k, dtype=torch.int32, device=p.device)
+        weights = torch.full((tokens, p.top_k), 1.0 / p.top_k, device=p.device)
+        moe_tiles(torch.zeros(tokens, p.hidden, dtype=torch.bfloat16, device=p.device), weights, ids, p)
