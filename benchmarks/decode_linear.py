@@ -66,7 +66,7 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-4 * L2_BYTES // nbytes))
 
 
-def random_weight(fmt: str, n: int, k: int) -> bf.QuantizedWeight:
+def random_weight(fmt: str, n: int, k: int, lead: tuple[int, ...] = ()) -> bf.QuantizedWeight:
     """Random valid checkpoint tensors of any format (timing does not depend on values, and quantizing 235 M
     weights on the host would take minutes): random bytes, E4M3 codes without NaN, modest scales."""
     import ml_dtypes
@@ -80,7 +80,7 @@ def random_weight(fmt: str, n: int, k: int) -> bf.QuantizedWeight:
     for spec in codec.spec.tensors:
         if not spec.required:
             continue
-        shape = codec.expected_shapes((), n, k)[spec.name]
+        shape = codec.expected_shapes(lead, n, k)[spec.name]
         if shape == PER_TENSOR:
             tensors[spec.name] = np.float32(0.01)
         elif spec.dtype == "float32":
