@@ -105,7 +105,6 @@ def main() -> None:
                     rows.append(row)
                     print(f"  {fmt:<12} × {act:<6} T={t:<5} {us:>9.1f} µs  bf16 ref {ref_us:>9.1f} µs  "
                           f"{row['pct_copy']:>5.1f}% copy  {row['pct_cublas']:>5.1f}% cuBLAS", flush=True)  # fmt: skip
-                del preps
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "rows": rows}, f, indent=1)
     plot(rows, args.png)
