@@ -1,0 +1,62 @@
+"""Tensor-parallel fused MoE over two GPUs (the lent nvidia-h200-x2): each rank runs its shard of the
+intermediate dimension (whole blocks, bc.shard_moe_weights) with the CUDA MoE path, NCCL all-reduces the
+partial outputs, and the sum matches the unsharded MoE run on one GPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+import b12x_core as bc
+import b12x_formats as bf
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
+CASES = [("MXFP4", "mxfp8"), ("NVFP4", "bf16"), ("IQ2_XS", "bf16"), ("Q8_0", "bf16")]
+
+
+def _rank(rank: int, port: int, fmt: str, act: str, seed: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    w13, w2, x, weights, ids = _problem(fmt, seed)
+    s13, s2 = bc.shard_moe_weights(w13, w2, rank, 2)
+    p = bc.prepare_moe(s13, s2, max_tokens=x.shape[0], top_k=2, act_format=act, device=f"cuda:{rank}")
+    y = bc.moe(x.cuda(rank), weights.cuda(rank), ids.cuda(rank), p).float()
+    dist.all_reduce(y)
+    if rank == 0:
+        torch.save(y.cpu(), out)
+    dist.destroy_process_group()
+
+
+def _problem(fmt: str, seed: int):
+    rng = np.random.default_rng(seed)
+    e, h, inter, t = 8, 512, 512, 37
+    w13 = bf.quantize((rng.standard_normal((e, 2 * inter, h)) / np.sqrt(h)).astype(np.float32), fmt)
+    w2 = bf.quantize((rng.standard_normal((e, h, inter)) / np.sqrt(inter)).astype(np.float32), fmt)
+    x = torch.from_numpy(rng.standard_normal((t, h)).astype(np.float32)).to(torch.bfloat16)
+    weights, ids = bc.route_topk(torch.from_numpy(rng.standard_normal((t, e)).astype(np.float32)), 2)
+    return w13, w2, x, weights, ids
+
+
+@pytest.mark.parametrize("fmt,act", CASES)
+def test_two_gpu_shards_all_reduce_to_unsharded(tmp_path, rng, fmt, act):
+    import torch.multiprocessing as mp
+
+    seed = int(rng.integers(1 << 30))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "y.pt")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # the lent machine: NVLink multicast stays off
+    mp.start_processes(_rank, args=(port, fmt, act, seed, out), nprocs=2, start_method="spawn")
+    summed = torch.load(out)
+    w13, w2, x, weights, ids = _problem(fmt, seed)
+    full = bc.moe(x.cuda(), weights.cuda(), ids.cuda(), bc.prepare_moe(w13, w2, max_tokens=x.shape[0], top_k=2,
+                                                                        act_format=act, device="cuda")).float().cpu()  # fmt: skip
+    # each rank and the unsharded run round to bf16 once (half an ulp each), plus float32 reassociation
+    assert ((summed - full).abs() <= 2**-7 * (summed.abs() + full.abs()) + 1e-3 * full.abs().mean()).all()
