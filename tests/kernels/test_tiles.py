@@ -207,3 +207,26 @@ def test_activation_quantization_kernel_is_bit_exact(rng, mode, device):
     act_quant.quantize_activation(x.to(device), mode, out, global_scale)
     expect = quantize_activation(x, mode) if mode == "mxfp8" else nvfp4_values(x, input_scale)
     assert torch.equal(out.cpu(), expect.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("mode", ["fp8_static", "fp8_token", "fp8_group128"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device):
+    """The fused fp8 activation quantizer against b12x_core.activations.fp8_operands: codes and scales bit for
+    bit (saturation, an all-zero token, K not a multiple of 128)."""
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs without a GPU")
+    from b12x_core.activations import fp8_operands
+    from b12x_kernels import act_quant
+
+    x = torch.from_numpy(rng.standard_normal((37, 300)) * np.logspace(-4, 3, 300)).to(torch.bfloat16)
+    x[2] = 0
+    static = float(np.float32(x.float().abs().max() / 448 / 3))  # a third of the values saturate
+    q = torch.empty(37, 300, dtype=torch.uint8, device=device)
+    scale = {"fp8_static": None, "fp8_token": torch.empty(37), "fp8_group128": torch.empty(37, 3)}[mode]
+    scale = None if scale is None else scale.to(device)
+    act_quant.quantize_fp8(x.to(device), mode, q, scale, static)
+    codes, row, groups = fp8_operands(x, mode, static)
+    assert torch.equal(q.cpu().view(torch.float8_e4m3fn).float(), codes.float())
+    if scale is not None:
+        assert torch.equal(scale.cpu(), row if row is not None else groups)

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .activations import fp8_operands
-
 
 def triton_unavailable() -> str:
     """Why the Triton tiles cannot run here ('' when they can)."""
@@ -81,8 +79,18 @@ def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | No
     """-> (x for the dot: bf16 or e4m3, per-token scale or None, per-token×128 scale or None)."""
     if act_mode == "bf16":
         return x2, None, None
-    if act_mode.startswith("fp8"):
-        return fp8_operands(x2, act_mode, input_scale)
+    if act_mode.startswith("fp8"):  # one fused pass, the rules of activations.fp8_operands
+        from b12x_kernels import act_quant
+
+        m, k = x2.shape
+        codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
+        row = torch.empty(m, dtype=torch.float32, device=x2.device) if act_mode == "fp8_token" else None
+        groups = None
+        if act_mode == "fp8_group128":
+            groups = torch.empty(m, -(-k // 128), dtype=torch.float32, device=x2.device)
+        static = float(np.float32(input_scale)) if act_mode == "fp8_static" else 1.0
+        act_quant.quantize_fp8(x2, act_mode, codes, row if row is not None else groups, static)
+        return codes.view(torch.float8_e4m3fn), row, groups
     if act_mode in ("mxfp8", "nvfp4"):  # e4m3·2^e and e2m1·sf: exact in bf16 (nvfp4's input_scale is in col_scale)
         from b12x_kernels import act_quant
 

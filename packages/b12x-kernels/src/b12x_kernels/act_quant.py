@@ -77,3 +77,67 @@ def quantize_activation(x, mode: str, out, global_scale: float = 1.0):
     _quantize[grid](x, out, m, k, global_scale, MODE=0 if mode == "mxfp8" else 1, GROUP=group, BLOCK_M=16,
                     BLOCK_K=block_k, num_warps=4)  # fmt: skip
     return out
+
+
+@triton.jit
+def _e4m3_code(r):
+    """An E4M3 value (float32, |r| ≤ 448) -> its uint8 code."""
+    a = tl.abs(r)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = (((bits >> 23).to(tl.int32) - 120) << 3) | ((bits >> 20) & 7).to(tl.int32)
+    code = tl.where(a >= 0.015625, normal, (a * 512.0).to(tl.int32))
+    return (code | tl.where(r < 0, 128, 0)).to(tl.uint8)
+
+
+@triton.jit
+def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """MODE 0: static per-tensor scale; 1: per token (scale_ptr [M]); 2: per token × 128 (scale_ptr [M, ⌈K/128⌉],
+    BLOCK_K == 128, one program per column group)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    if MODE == 1:
+        amax = tl.zeros((BLOCK_M,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+                        other=0.0).to(tl.float32)  # fmt: skip
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+        s = tl.where(s > 0, s, 1.0)
+        tl.store(scale_ptr + offs_m, s, mask=m_ok)
+        k_first = 0
+        k_steps = K
+    elif MODE == 2:
+        k_first = tl.program_id(1) * BLOCK_K
+        offs_k = k_first + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+                    other=0.0).to(tl.float32)  # fmt: skip
+        s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), tl.full((BLOCK_M,), 448.0, tl.float32))
+        s = tl.where(s > 0, s, 1.0)
+        tl.store(scale_ptr + offs_m * tl.cdiv(K, 128) + tl.program_id(1), s, mask=m_ok)
+        k_steps = BLOCK_K
+    else:
+        s = tl.full((BLOCK_M,), static_scale, tl.float32)
+        k_first = 0
+        k_steps = K
+    for k0 in range(k_first, k_first + k_steps, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = m_ok[:, None] & (offs_k[None, :] < K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        q = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
+        tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], _e4m3_code(_round_e4m3(q)), mask=mask)
+
+
+def quantize_fp8(x, mode: str, q_out, scale_out=None, static_scale: float = 1.0):
+    """e4m3 codes of x [M, K] bf16 into q_out (uint8 [M, K]; view it as float8_e4m3fn), as
+    b12x_core.activations.fp8_operands: mode "fp8_static" (static_scale), "fp8_token" (scale_out [M]) or
+    "fp8_group128" (scale_out [M, ⌈K/128⌉])."""
+    modes = {"fp8_static": 0, "fp8_token": 1, "fp8_group128": 2}
+    if mode not in modes:
+        raise ValueError(f"quantize_fp8: mode must be one of {list(modes)}, got {mode!r}")
+    m, k = x.shape
+    grid = (triton.cdiv(m, 16), triton.cdiv(k, 128) if mode == "fp8_group128" else 1)
+    _quantize_fp8[grid](x, q_out, q_out if scale_out is None else scale_out, m, k, static_scale, MODE=modes[mode],
+                        BLOCK_M=16, BLOCK_K=128, num_warps=4)  # fmt: skip
+    return q_out
