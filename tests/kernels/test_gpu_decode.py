@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from closeness import close
+from graphs import capture
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -69,14 +70,7 @@ def test_cuda_graph_replay_equals_eager(rng, fmt):
     lin = bc.prepare_linear(random_blocks(rng, fmt, 512, 2048), device="cuda", max_tokens=16)
     x = torch.randn(3, 2048, dtype=torch.bfloat16, device="cuda")
     eager = bc.linear(x, lin)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        bc.linear(x, lin)  # warm-up on the capture stream
-        with torch.cuda.graph(graph):
-            captured = bc.linear(x, lin)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, captured = capture(lambda: bc.linear(x, lin))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from closeness import close
+from graphs import capture
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -110,13 +111,7 @@ def test_gpu_moe_replays_in_cuda_graphs(rng):
     p = bc.prepare_moe(w13, w2, device="cuda", max_tokens=5, top_k=2, act_format="mxfp8")
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     eager = bc.moe(x, weights, ids, p)
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        bc.moe(x, weights, ids, p)
-        with torch.cuda.graph(graph):
-            out = bc.moe(x, weights, ids, p)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture(lambda: bc.moe(x, weights, ids, p))
     ids.copy_(ids.flip(0))  # new routing, same shapes: the graph follows it
     weights.copy_(weights.flip(0))
     x.copy_(x.flip(0))

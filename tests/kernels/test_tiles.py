@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from closeness import close
+from graphs import capture
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -146,14 +147,7 @@ def test_gpu_tiles_write_every_output_and_replay_in_graphs(rng, fmt):
     tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs)
     close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
     eager = bc.linear(x, lin)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        bc.linear(x, lin)  # warm the allocator outside capture
-        with torch.cuda.graph(graph):
-            out = bc.linear(x, lin)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture(lambda: bc.linear(x, lin))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
