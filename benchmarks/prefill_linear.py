@@ -130,6 +130,38 @@ def sweep(rows: list, n: int, k: int, paths_too: bool = True) -> tuple[dict, dic
     return tiles_from, gemm_from
 
 
+TILE_MS = [8, 16, 32, 64, 128, 256]
+TILE_CONFIGS = [dict(BLOCK_N=n, num_warps=w, num_stages=st) for n in (32, 64, 128) for w in (4, 8) for st in (3, 4)]
+
+
+def tile_configs(rows: list, n: int, k: int) -> None:
+    """The tiles alone (bf16 activations) under each configuration, to retune tiles.default_config."""
+    from b12x_kernels import tiles
+
+    print(f"\n## {n}x{k}: Triton tiles per configuration (µs)")
+    for fmt in BF16_FORMATS:
+        lin = bc.prepare_linear(weight(fmt, n, k, False), device="cuda", max_tokens=max(TILE_MS))
+        tw = lin.tiles
+        for m in TILE_MS:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            timed = {}
+            for cfg in TILE_CONFIGS:
+
+                def run(i, cfg=cfg):
+                    return tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid,
+                                              sign_table=tw.signs, config=cfg)  # fmt: skip
+
+                try:
+                    timed[tuple(cfg.values())] = time_graph(run, 1, replays=30)
+                except Exception as err:  # a configuration the GPU cannot hold (shared memory)
+                    print(f"  {fmt} M={m} {cfg}: {type(err).__name__}")
+            best = min(timed, key=timed.get)
+            rows.append(dict(part="tile_configs", format=fmt, m=m, times={str(c): t for c, t in timed.items()}))
+            print(f"  {fmt:<8} M={m:<4} best (BLOCK_N, warps, stages)={best}: {timed[best]:.1f} µs; default "
+                  f"{timed.get(tuple(TILE_CONFIGS[0].values()), float('nan')):.1f}", flush=True)  # fmt: skip
+
+
 def plot(rows: list, path: str) -> None:
     import matplotlib
 
@@ -157,9 +189,15 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--dispatched-only", action="store_true", help="sweep without timing each path alone")
+    parser.add_argument("--tile-configs", action="store_true", help="only time the tiles per configuration")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows: list = []
+    if args.tile_configs:
+        tile_configs(rows, 8192, 8192)
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        return
     large_m(rows, [(8192, 8192), (28672, 8192)], args.m)
     crossover = ({}, {}) if args.skip_sweep else sweep(rows, 8192, 8192, paths_too=not args.dispatched_only)
     result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
