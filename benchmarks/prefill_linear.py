@@ -157,9 +157,11 @@ def tile_configs(rows: list, n: int, k: int) -> None:
                 except Exception as err:  # a configuration the GPU cannot hold (shared memory)
                     print(f"  {fmt} M={m} {cfg}: {type(err).__name__}")
             best = min(timed, key=timed.get)
+            d = tiles.default_config(fmt, m, n)
+            default = (d["BLOCK_N"], d["num_warps"], d["num_stages"])
             rows.append(dict(part="tile_configs", format=fmt, m=m, times={str(c): t for c, t in timed.items()}))
             print(f"  {fmt:<8} M={m:<4} best (BLOCK_N, warps, stages)={best}: {timed[best]:.1f} µs; default "
-                  f"{timed.get(tuple(TILE_CONFIGS[0].values()), float('nan')):.1f}", flush=True)  # fmt: skip
+                  f"{default}: {timed.get(default, float('nan')):.1f} µs", flush=True)  # fmt: skip
 
 
 def plot(rows: list, path: str) -> None:
