@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tile_path import TileWeight, _torch
+from .tile_path import TileWeight, checkpoint_tensor
 
 
 def _per_expert(t: dict, name: str, experts: int) -> np.ndarray:
@@ -31,12 +31,12 @@ def prepare_expert_tiles(shards, act_mode: str, input_scale: float | None, devic
 
     fmt = shards[0].format
     experts = shards[0].shape[0]
-    weight = torch.cat([_torch(p.tensors["weight"]) for p in shards], dim=1)
+    weight = torch.cat([checkpoint_tensor(p.tensors["weight"]) for p in shards], dim=1)
     rows = weight.shape[1]
     weight = weight.reshape(experts * rows, *weight.shape[2:]).contiguous().to(device)
     scales = None
     if "weight_scale" in shards[0].tensors:
-        scales = torch.cat([_torch(p.tensors["weight_scale"]) for p in shards], dim=1)
+        scales = torch.cat([checkpoint_tensor(p.tensors["weight_scale"]) for p in shards], dim=1)
         scales = scales.reshape(experts * rows, -1).contiguous().to(device)
     act_factor = input_scale if act_mode == "nvfp4" else 1.0
     factor = "weight_scale_2" if fmt in ("NVFP4", "W4A16_NVFP4") else None

@@ -2,10 +2,11 @@
 
 prepare_tiles concatenates the row shards of a fused layer into one weight and folds every per-tensor factor
 (FP8 weight_scale, NVFP4 weight_scale_2, a static activation scale) into one float32 scale per output row.
-A call quantizes activations the way activations.py defines them, then launches one kernel; from
-`lin.gemm_from` tokens on, a call whose activations are bf16 values (bf16, mxfp8, nvfp4 modes) instead decodes
-the weight to bf16 in a workspace shared by the device's layers and runs the dense bf16 GEMM (cuBLAS): at large
-M the decode is a small memory-bound pass and the GEMM runs at the dense speed.
+A call quantizes activations the way activations.py defines them (fused Triton passes), then launches one
+kernel. From `lin.gemm_from` tokens on, a call whose activations are bf16 values (bf16, mxfp8, nvfp4 modes)
+instead decodes the weight to bf16 in a workspace shared by the device's layers and runs the dense bf16 GEMM
+(cuBLAS): at large M the decode is a small memory-bound pass and the GEMM runs at the dense speed; FP8 W8A8
+with per-tensor or per-token scales runs cuBLASLt's fp8 GEMM (`torch._scaled_mm`) instead.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class TileWeight:
     signs: torch.Tensor | None  # IQ2 ksigns (uint8 [128])
 
 
-def _torch(a: np.ndarray) -> torch.Tensor:
+def checkpoint_tensor(a: np.ndarray) -> torch.Tensor:
+    """A checkpoint array as a torch tensor of the same bytes (e4m3 as torch fp8, E8M0 as uint8)."""
     a = np.ascontiguousarray(a)
     if a.dtype.name == "float8_e4m3fn":
         return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
@@ -55,13 +57,13 @@ def prepare_tiles(shards, act_mode: str, input_scale: float | None, device) -> T
     from .cuda_paths import grid_table
 
     fmt = shards[0].format
-    weight = torch.cat([_torch(p.tensors["weight"]) for p in shards]).to(device)
+    weight = torch.cat([checkpoint_tensor(p.tensors["weight"]) for p in shards]).to(device)
     scales = None
     if fmt == "FP8_BLOCK":  # one row of block scales per output row, so shards of any height concatenate
         rows = [np.repeat(p.tensors["weight_scale_inv"], 128, axis=0)[: p.shape[0]] for p in shards]
         scales = torch.from_numpy(np.concatenate(rows).astype(np.float32)).to(device)
     elif "weight_scale" in shards[0].tensors and fmt != "FP8":
-        scales = torch.cat([_torch(p.tensors["weight_scale"]) for p in shards]).to(device)
+        scales = torch.cat([checkpoint_tensor(p.tensors["weight_scale"]) for p in shards]).to(device)
     tensor_factor = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
     act_factor = input_scale if act_mode in ("fp8_static", "nvfp4") else 1.0
     col = np.concatenate(
