@@ -87,6 +87,7 @@ def test_interpreted_moe_matches_reference(rng, fmt, act_format, activation, ord
         tiles13=moe_path.prepare_expert_tiles([w13], ref.act_mode_13, ref.input_scale_13, "cpu"),
         tiles2=moe_path.prepare_expert_tiles([w2], ref.act_mode_2, ref.input_scale_2, "cpu"),
     )
+    moe_path.reserve_scratch(p)
     close(moe_path.moe_tiles(x, weights, ids, p), moe_reference(x, weights, ids, bf16_weights(ref)))
 
 

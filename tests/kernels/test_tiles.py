@@ -55,6 +55,7 @@ def interpreted(x, qw, activation, bias, gemm_from=1 << 62):
     ref = bc.prepare_linear(qw, device="cpu", max_tokens=x.shape[0], activation=activation)
     tiles = tile_path.prepare_tiles(as_shards(qw), ref.act_mode, ref.input_scale, "cpu")
     lin = dataclasses.replace(ref, tiles=tiles, gemm_from=gemm_from)
+    tile_path.reserve_scratch(lin)
     if gemm_from <= x.shape[0] and tile_path.dense_path(lin):
         tile_path.reserve_workspace(lin.device, lin.n * lin.k)
     return tile_path.linear_tiles(x, lin, bias), bc.linear(x, ref, bias)

@@ -77,45 +77,64 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
     return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
-def _quantized(x: torch.Tensor, act_mode: str, input_scale: float | None) -> torch.Tensor:
+def _quantized(x: torch.Tensor, act_mode: str, input_scale: float | None, out: torch.Tensor) -> torch.Tensor:
     if act_mode == "bf16":
         return x
     from b12x_kernels import act_quant
 
     global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
-    return act_quant.quantize_activation(x, act_mode, torch.empty_like(x), global_scale)
+    return act_quant.quantize_activation(x, act_mode, out, global_scale)
+
+
+def scratch_specs(p, tokens: int) -> list:
+    """The temporaries of a call with `tokens` tokens: quantized x, intermediate (and its quantized copy),
+    per-slot outputs in float32, slot positions."""
+    slots = tokens * p.top_k
+    return [((tokens, p.hidden), torch.bfloat16), ((slots, p.intermediate), torch.bfloat16),
+            ((slots, p.intermediate), torch.bfloat16), ((slots, p.hidden), torch.float32),
+            ((slots,), torch.int32)]  # fmt: skip
 
 
 def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, p) -> torch.Tensor:
     from b12x_kernels import tiles
+
+    from . import scratch
 
     t, k = topk_ids.shape
     slots = t * k
     bm = block_m(t, k, p.experts)
     order, block_expert, start, rows = block_table(topk_ids, p.experts, bm)
     common = dict(top_k=k, block_m=bm)
-    inter = torch.empty(slots, p.intermediate, dtype=torch.bfloat16, device=x.device)
+    x_q, inter, inter_q, out, position = scratch.carve(x.device, scratch_specs(p, t))
     w13 = p.tiles13
     tiles.moe_tiles(
-        p.w13_format, _quantized(x.contiguous(), p.act_mode_13, p.input_scale_13), order, block_expert, start, rows,
+        p.w13_format, _quantized(x.contiguous(), p.act_mode_13, p.input_scale_13, x_q), order, block_expert, start,
+        rows,
         w13.weight, w13.scales, w13.col_scale, inter, rows_per_expert=w13.weight.shape[0] // p.experts, gather=True,
         act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, **common,
     )  # fmt: skip
-    out = torch.empty(slots, p.hidden, dtype=torch.float32, device=x.device)
     w2 = p.tiles2
     tiles.moe_tiles(
-        p.w2_format, _quantized(inter, p.act_mode_2, p.input_scale_2), order, block_expert, start, rows, w2.weight,
+        p.w2_format, _quantized(inter, p.act_mode_2, p.input_scale_2, inter_q), order, block_expert, start, rows,
+        w2.weight,
         w2.scales, w2.col_scale, out, rows_per_expert=p.hidden, gather=False, act="none", grid_table=w2.grid,
         sign_table=w2.signs, **common,
     )  # fmt: skip
-    position = torch.empty_like(order)
     position[order.long()] = torch.arange(slots, dtype=order.dtype, device=x.device)
     per_slot = out[position.long()].reshape(t, k, p.hidden)
     return (per_slot * topk_weights[..., None]).sum(dim=1).to(torch.bfloat16)
 
 
+def reserve_scratch(p) -> None:
+    from . import scratch
+
+    scratch.reserve(p.device, scratch.nbytes(scratch_specs(p, p.max_tokens)))
+
+
 def warm(p) -> None:
-    """Compile both block sizes' kernels at prepare time (routing every slot to expert 0)."""
+    """Reserve the scratch for max_tokens and compile both block sizes' kernels at prepare time (routing every
+    slot to expert 0)."""
+    reserve_scratch(p)
     for tokens in sorted({1, p.max_tokens}):
         ids = torch.zeros(tokens, p.top_k, dtype=torch.int32, device=p.device)
         weights = torch.full((tokens, p.top_k), 1.0 / p.top_k, device=p.device)

@@ -77,28 +77,35 @@ def prepare_tiles(shards, act_mode: str, input_scale: float | None, device) -> T
     return TileWeight(weight, scales, col_scale, grid, signs)
 
 
+def scratch_specs(act_mode: str, m: int, k: int) -> list:
+    """The temporaries of quantizing [m, k] activations: codes or values, then the scales (see scratch.py)."""
+    if act_mode == "bf16":
+        return []
+    if act_mode in ("mxfp8", "nvfp4"):
+        return [((m, k), torch.bfloat16)]
+    return [((m, k), torch.uint8), ((m,), torch.float32), ((m, -(-k // 128)), torch.float32)]
+
+
 def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
     """-> (x for the dot: bf16 or e4m3, per-token scale or None, per-token×128 scale or None)."""
     if act_mode == "bf16":
         return x2, None, None
-    if act_mode.startswith("fp8"):  # one fused pass, the rules of activations.fp8_operands
-        from b12x_kernels import act_quant
+    from b12x_kernels import act_quant
 
-        m, k = x2.shape
-        codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
-        row = torch.empty(m, dtype=torch.float32, device=x2.device) if act_mode == "fp8_token" else None
-        groups = None
-        if act_mode == "fp8_group128":
-            groups = torch.empty(m, -(-k // 128), dtype=torch.float32, device=x2.device)
+    from . import scratch
+
+    m, k = x2.shape
+    buffers = scratch.carve(x2.device, scratch_specs(act_mode, m, k))
+    if act_mode.startswith("fp8"):  # one fused pass, the rules of activations.fp8_operands
+        codes, row, groups = buffers
+        row = row if act_mode == "fp8_token" else None
+        groups = groups if act_mode == "fp8_group128" else None
         static = float(np.float32(input_scale)) if act_mode == "fp8_static" else 1.0
         act_quant.quantize_fp8(x2, act_mode, codes, row if row is not None else groups, static)
         return codes.view(torch.float8_e4m3fn), row, groups
     if act_mode in ("mxfp8", "nvfp4"):  # e4m3·2^e and e2m1·sf: exact in bf16 (nvfp4's input_scale is in col_scale)
-        from b12x_kernels import act_quant
-
-        out = torch.empty_like(x2, dtype=torch.bfloat16)
         global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
-        return act_quant.quantize_activation(x2, act_mode, out, global_scale), None, None
+        return act_quant.quantize_activation(x2, act_mode, buffers[0], global_scale), None, None
     raise ValueError(f"unknown activation mode {act_mode!r}")
 
 
@@ -159,6 +166,12 @@ def linear_tiles(x: torch.Tensor, lin, bias: torch.Tensor | None) -> torch.Tenso
     return y.reshape(*x.shape[:-1], lin.n)
 
 
+def reserve_scratch(lin) -> None:
+    from . import scratch
+
+    scratch.reserve(lin.device, scratch.nbytes(scratch_specs(lin.act_mode, lin.max_tokens, lin.k)))
+
+
 def warm(lin) -> None:
     """Compile every tile configuration the calls of `lin` can pick (prepare time, never during capture)."""
     from b12x_kernels import tiles
@@ -173,6 +186,7 @@ def warm(lin) -> None:
             if config["BLOCK_N"] == 128 or m == lin.max_tokens:
                 break
     sizes = sorted(configs.values())
+    reserve_scratch(lin)
     if dense_path(lin) and lin.max_tokens >= lin.gemm_from:
         reserve_workspace(lin.device, lin.n * lin.k)
     if (dense_path(lin) or scaled_mm_path(lin)) and lin.max_tokens >= lin.gemm_from:

@@ -1,0 +1,30 @@
+"""The per-device scratch: disjoint aligned views, sized at prepare time, a clear error beyond it."""
+
+import pytest
+import torch
+
+import b12x_core as bc
+from b12x_core import scratch
+
+
+def test_carve_gives_disjoint_aligned_views():
+    device = torch.device("cpu")
+    specs = [((3, 5), torch.bfloat16), ((7,), torch.float32), ((2, 2), torch.uint8)]
+    scratch.reserve(device, scratch.nbytes(specs))
+    views = scratch.carve(device, specs)
+    assert [tuple(v.shape) for v in views] == [(3, 5), (7,), (2, 2)]
+    assert [v.dtype for v in views] == [torch.bfloat16, torch.float32, torch.uint8]
+    starts = [v.data_ptr() for v in views]
+    assert all(a % 256 == starts[0] % 256 for a in starts)  # each starts on the 256-byte grid
+    ends = [v.data_ptr() + v.numel() * v.element_size() for v in views]
+    assert all(ends[i] <= starts[i + 1] for i in range(len(views) - 1))
+    for value, v in enumerate(views):  # writing one leaves the others alone
+        v.fill_(value + 1)
+    assert [int(v.flatten()[0]) for v in views] == [1, 2, 3]
+
+
+def test_a_call_beyond_the_reserved_size_says_so():
+    device = torch.device("cpu")
+    huge = [((1 << 40,), torch.uint8)]
+    with pytest.raises(bc.UnsupportedError, match="exceeds the max_tokens its op was prepared for"):
+        scratch.carve(device, huge)
