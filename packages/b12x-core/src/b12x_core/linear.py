@@ -139,7 +139,7 @@ def prepare_linear(
         # the source bytes, unchanged (shared with the tiles)
         lin.blocks = (
             lin.tiles.weight
-            if lin.tiles
+            if lin.tiles is not None
             else torch.from_numpy(np.concatenate([p.tensors["weight"] for p in shards])).to(device)
         )
         lin.grid = grid_table(fmt, device)
