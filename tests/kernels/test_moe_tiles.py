@@ -22,7 +22,7 @@ import b12x_formats as bf
 
 pytest.importorskip("triton")
 
-from b12x_core import moe_path  # noqa: E402
+from b12x_core import moe_path, tile_path  # noqa: E402
 from b12x_core.moe import MOE_FORMATS, moe_reference  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
@@ -84,8 +84,8 @@ def test_interpreted_moe_matches_reference(rng, fmt, act_format, activation, ord
     ref = bc.prepare_moe(w13, w2, activation=activation, w13_order=order, max_tokens=7, top_k=2, act_format=act_format)
     p = dataclasses.replace(
         ref,
-        tiles13=moe_path.prepare_expert_tiles([w13], ref.act_mode_13, ref.input_scale_13, "cpu"),
-        tiles2=moe_path.prepare_expert_tiles([w2], ref.act_mode_2, ref.input_scale_2, "cpu"),
+        tiles13=tile_path.prepare_tiles([w13], ref.act_mode_13, ref.input_scale_13, "cpu"),
+        tiles2=tile_path.prepare_tiles([w2], ref.act_mode_2, ref.input_scale_2, "cpu"),
     )
     moe_path.reserve_scratch(p)
     close(moe_path.moe_tiles(x, weights, ids, p), moe_reference(x, weights, ids, bf16_weights(ref)))

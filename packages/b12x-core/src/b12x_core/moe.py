@@ -76,7 +76,7 @@ class PreparedMoE:
     input_scale_2: float | None = None
     query: Query | None = None
     handle: int = 0
-    tiles13: object | None = field(default=None, repr=False)  # moe_path: experts stacked for the Triton GEMMs
+    tiles13: object | None = field(default=None, repr=False)  # tile_path.TileWeight: experts stacked by rows
     tiles2: object | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
@@ -159,10 +159,10 @@ def prepare_moe(
     )
     moe.query, moe.handle = query, _registry.register(moe)
     if chosen == "triton_moe":
-        from . import moe_path
+        from . import moe_path, tile_path
 
-        moe.tiles13 = moe_path.prepare_expert_tiles(w13_shards, moe.act_mode_13, s13, device)
-        moe.tiles2 = moe_path.prepare_expert_tiles([w2], moe.act_mode_2, s2, device)
+        moe.tiles13 = tile_path.prepare_tiles(w13_shards, moe.act_mode_13, s13, device)
+        moe.tiles2 = tile_path.prepare_tiles([w2], moe.act_mode_2, s2, device)
         moe_path.warm(moe)
     return moe
 

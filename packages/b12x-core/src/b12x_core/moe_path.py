@@ -12,45 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tile_path import TileWeight, checkpoint_tensor
-
-
-def _per_expert(t: dict, name: str, experts: int) -> np.ndarray:
-    """A per-tensor factor of an expert stack (one scalar or one per expert) as float32 [E]."""
-    if name not in t:
-        return np.ones(experts, np.float32)
-    return np.broadcast_to(np.asarray(t[name], dtype=np.float32).reshape(-1), (experts,)).astype(np.float32)
-
-
-def prepare_expert_tiles(shards, act_mode: str, input_scale: float | None, device) -> TileWeight:
-    """Experts' tensors stacked along rows: expert e owns rows [e·R, (e+1)·R) with R = the shards' rows (gate then
-    up for a gated w13). Per-expert factors (NVFP4 weight_scale_2, nvfp4's input_scale) become col_scale."""
-    from b12x_formats import tables
-
-    from .cuda_paths import grid_table
-
-    fmt = shards[0].format
-    experts = shards[0].shape[0]
-    weight = torch.cat([checkpoint_tensor(p.tensors["weight"]) for p in shards], dim=1)
-    rows = weight.shape[1]
-    weight = weight.reshape(experts * rows, *weight.shape[2:]).contiguous().to(device)
-    scales = None
-    if "weight_scale" in shards[0].tensors:
-        scales = torch.cat([checkpoint_tensor(p.tensors["weight_scale"]) for p in shards], dim=1)
-        scales = scales.reshape(experts * rows, -1).contiguous().to(device)
-    act_factor = input_scale if act_mode == "nvfp4" else 1.0
-    factor = "weight_scale_2" if fmt in ("NVFP4", "W4A16_NVFP4") else None
-    col = np.concatenate(
-        [np.repeat((_per_expert(p.tensors, factor, experts) if factor else np.ones(experts, np.float32))[:, None],
-                   p.shape[1], axis=1) for p in shards], axis=1,
-    )  # fmt: skip
-    col_scale = (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).to(device)
-    grid = signs = None
-    if fmt.startswith("IQ2"):
-        grid = grid_table(fmt, device)
-        signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
-    return TileWeight(weight, scales, col_scale.to(torch.float32), grid, signs)
-
 
 def block_m(tokens: int, top_k: int, experts: int) -> int:
     """Rows per block: small while the slots per expert are few (decode), larger for prefill."""

@@ -47,34 +47,56 @@ def checkpoint_tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def _scalar(t: dict, name: str) -> float:
-    return float(np.asarray(t[name], dtype=np.float32).reshape(-1)[0]) if name in t else 1.0
+def _per_expert(t: dict, name: str | None, experts: int) -> np.ndarray:
+    """A per-tensor factor (one scalar, or one per expert of a stack) as float32 [E]; ones when absent."""
+    if name is None or name not in t:
+        return np.ones(experts, np.float32)
+    return np.broadcast_to(np.asarray(t[name], dtype=np.float32).reshape(-1), (experts,)).astype(np.float32)
 
 
 def prepare_tiles(shards, act_mode: str, input_scale: float | None, device) -> TileWeight:
+    """Row shards of one format (a fused qkv / gate_up, or one weight), whole or as expert stacks [E, n, ...]:
+    expert e owns rows [e·R, (e+1)·R) of the stacked tensors, R the shards' rows in order (gate then up).
+    Which tensor is the block scale and which the per-tensor factor comes from the format's codec."""
     from b12x_formats import tables
+    from b12x_formats.quantized import codec_for
 
     from .cuda_paths import grid_table
 
     fmt = shards[0].format
-    weight = torch.cat([checkpoint_tensor(p.tensors["weight"]) for p in shards]).to(device)
+    lead = len(shards[0].shape) - 2
+    experts = int(np.prod(shards[0].shape[:lead]))
+    codec = codec_for(fmt)
+    per_tensor = [n for n in codec.per_tensor_names() if n != "input_scale"]
+    block = [n for n in codec.spec.required_tensors if n != "weight" and n not in per_tensor]
+
+    def stacked(name: str, expand_rows: int = 1) -> torch.Tensor:
+        parts = []
+        for p in shards:
+            a = p.tensors[name]
+            if expand_rows > 1:  # FP8_BLOCK: one row of block scales per output row, so any shard height stacks
+                a = np.repeat(a, expand_rows, axis=lead)[(slice(None),) * lead + (slice(0, p.shape[-2]),)]
+            t = checkpoint_tensor(a)
+            parts.append(t.reshape(experts, p.shape[-2], *t.shape[lead + 1 :]))
+        whole = torch.cat(parts, dim=1)
+        return whole.reshape(-1, *whole.shape[2:]).contiguous().to(device)
+
+    weight = stacked("weight")
     scales = None
-    if fmt == "FP8_BLOCK":  # one row of block scales per output row, so shards of any height concatenate
-        rows = [np.repeat(p.tensors["weight_scale_inv"], 128, axis=0)[: p.shape[0]] for p in shards]
-        scales = torch.from_numpy(np.concatenate(rows).astype(np.float32)).to(device)
-    elif "weight_scale" in shards[0].tensors and fmt != "FP8":
-        scales = torch.cat([checkpoint_tensor(p.tensors["weight_scale"]) for p in shards]).to(device)
-    tensor_factor = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
-    act_factor = input_scale if act_mode in ("fp8_static", "nvfp4") else 1.0
+    if block:
+        scales = stacked(block[0], expand_rows=128 if fmt == "FP8_BLOCK" else 1)
+        scales = scales.float() if fmt == "FP8_BLOCK" else scales
+    factor = per_tensor[0] if per_tensor else None
     col = np.concatenate(
-        [np.full(p.shape[0], (_scalar(p.tensors, tensor_factor) if tensor_factor else 1.0), np.float32) for p in shards]
+        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
     )
-    col_scale = (torch.from_numpy(col) * torch.tensor(act_factor, dtype=torch.float32)).to(device)
+    act_factor = input_scale if act_mode in ("fp8_static", "nvfp4") else 1.0
+    col_scale = (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).to(device)
     grid = signs = None
     if fmt.startswith("IQ2"):
         grid = grid_table(fmt, device)
         signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
-    return TileWeight(weight, scales, col_scale, grid, signs)
+    return TileWeight(weight, scales, col_scale.to(torch.float32), grid, signs)
 
 
 def scratch_specs(act_mode: str, m: int, k: int) -> list:
