@@ -9,8 +9,9 @@ outputs back in slot order and sums them in float32 (no atomics: repeated calls 
 
 from __future__ import annotations
 
-import numpy as np
 import torch
+
+from .tile_path import bf16_valued
 
 
 def block_m(tokens: int, top_k: int, experts: int) -> int:
@@ -38,15 +39,6 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
     return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
-def _quantized(x: torch.Tensor, act_mode: str, input_scale: float | None, out: torch.Tensor) -> torch.Tensor:
-    if act_mode == "bf16":
-        return x
-    from b12x_kernels import act_quant
-
-    global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
-    return act_quant.quantize_activation(x, act_mode, out, global_scale)
-
-
 def scratch_specs(p, tokens: int) -> list:
     """The temporaries of a call with `tokens` tokens: quantized x, intermediate (and its quantized copy),
     per-slot outputs in float32, slot positions."""
@@ -69,14 +61,14 @@ def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     x_q, inter, inter_q, out, position = scratch.carve(x.device, scratch_specs(p, t))
     w13 = p.tiles13
     tiles.moe_tiles(
-        p.w13_format, _quantized(x.contiguous(), p.act_mode_13, p.input_scale_13, x_q), order, block_expert, start,
+        p.w13_format, bf16_valued(x.contiguous(), p.act_mode_13, p.input_scale_13, x_q), order, block_expert, start,
         rows,
         w13.weight, w13.scales, w13.col_scale, inter, rows_per_expert=w13.weight.shape[0] // p.experts, gather=True,
         act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, **common,
     )  # fmt: skip
     w2 = p.tiles2
     tiles.moe_tiles(
-        p.w2_format, _quantized(inter, p.act_mode_2, p.input_scale_2, inter_q), order, block_expert, start, rows,
+        p.w2_format, bf16_valued(inter, p.act_mode_2, p.input_scale_2, inter_q), order, block_expert, start, rows,
         w2.weight,
         w2.scales, w2.col_scale, out, rows_per_expert=p.hidden, gather=False, act="none", grid_table=w2.grid,
         sign_table=w2.signs, **common,

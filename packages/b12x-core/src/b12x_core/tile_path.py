@@ -125,10 +125,20 @@ def activation_operands(x2: torch.Tensor, act_mode: str, input_scale: float | No
         static = float(np.float32(input_scale)) if act_mode == "fp8_static" else 1.0
         act_quant.quantize_fp8(x2, act_mode, codes, row if row is not None else groups, static)
         return codes.view(torch.float8_e4m3fn), row, groups
-    if act_mode in ("mxfp8", "nvfp4"):  # e4m3·2^e and e2m1·sf: exact in bf16 (nvfp4's input_scale is in col_scale)
-        global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
-        return act_quant.quantize_activation(x2, act_mode, buffers[0], global_scale), None, None
+    if act_mode in ("mxfp8", "nvfp4"):
+        return bf16_valued(x2, act_mode, input_scale, buffers[0]), None, None
     raise ValueError(f"unknown activation mode {act_mode!r}")
+
+
+def bf16_valued(x: torch.Tensor, act_mode: str, input_scale: float | None, out: torch.Tensor) -> torch.Tensor:
+    """x̂ of the modes bf16 holds exactly, written to `out` by one fused pass: mxfp8 (e4m3·2^e) and nvfp4
+    without its per-tensor input_scale (e2m1·sf; the caller's col_scale carries it); x itself for bf16."""
+    if act_mode == "bf16":
+        return x
+    from b12x_kernels import act_quant
+
+    global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+    return act_quant.quantize_activation(x, act_mode, out, global_scale)
 
 
 _workspaces: dict[torch.device, list[torch.Tensor]] = {}
