@@ -39,16 +39,27 @@ def _native_path(fmt: str, activation: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def _prepare(layer, prefix: str, qw: bf.QuantizedWeight, activation: str) -> None:
+def _prepare(layer, qw: bf.QuantizedWeight, activation: str) -> None:
     prepared = bc.prepare_linear(
         qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation=activation
     )
     layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
-    report.record(prefix, layer.b12x_linear)
+    report.record(getattr(layer, "prefix", ""), layer.b12x_linear)
 
 
-def _apply(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return bc.linear(x, layer.b12x_linear, bias)
+class _B12xKernel:
+    """What every class below shares (listed first among its bases, so it fills vLLM's abstract methods):
+    support is b12x's CUDA path for (b12x_format, b12x_activation); the run is bc.linear."""
+
+    b12x_format: str
+    b12x_activation: str
+
+    @classmethod
+    def is_supported(cls, compute_capability: int | None = None):
+        return _native_path(cls.b12x_format, cls.b12x_activation)
+
+    def apply_weights(self, layer, x, bias=None, **kwargs):
+        return bc.linear(x, layer.b12x_linear, bias)
 
 
 def _scalar(t: torch.Tensor) -> torch.Tensor:
@@ -66,12 +77,10 @@ def kernel_classes() -> dict[str, type]:
     )
     from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape, kMxfp8Dynamic
 
-    class B12xCoreFp8LinearKernel(FP8ScaledMMLinearKernel):
+    class B12xCoreFp8LinearKernel(_B12xKernel, FP8ScaledMMLinearKernel):
         """Per-tensor FP8 weights; static per-tensor or dynamic per-token FP8 activations (W8A8)."""
 
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None):
-            return _native_path("FP8", "fp8")
+        b12x_format, b12x_activation = "FP8", "fp8"
 
         @classmethod
         def can_implement(cls, c):
@@ -91,20 +100,15 @@ def kernel_classes() -> dict[str, type]:
             tensors = {"weight": w.t().contiguous(), "weight_scale": _scalar(w_s)}  # vLLM holds FP8 weights as [K, N]
             if self.config.activation_quant_key.scale.static:
                 tensors["input_scale"] = _scalar(x_s)
-            _prepare(layer, getattr(layer, "prefix", ""), bf.QuantizedWeight.from_tensors("FP8", tensors), "fp8")
-
-        def apply_weights(self, layer, x, bias=None):
-            return _apply(layer, x, bias)
+            _prepare(layer, bf.QuantizedWeight.from_tensors("FP8", tensors), "fp8")
 
         def apply_scaled_mm(self, **kwargs):
             raise NotImplementedError("b12x runs the whole linear in apply_weights")
 
-    class B12xCoreFp8BlockLinearKernel(Fp8BlockScaledMMLinearKernel):
+    class B12xCoreFp8BlockLinearKernel(_B12xKernel, Fp8BlockScaledMMLinearKernel):
         """128×128-block FP8 weights with dynamic 1×128 FP8 activations."""
 
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None):
-            return _native_path("FP8_BLOCK", "fp8")
+        b12x_format, b12x_activation = "FP8_BLOCK", "fp8"
 
         @classmethod
         def can_implement(cls, c):
@@ -122,20 +126,15 @@ def kernel_classes() -> dict[str, type]:
             qw = bf.QuantizedWeight.from_tensors(
                 "FP8_BLOCK", {"weight": params.weight, "weight_scale_inv": scale.float()}
             )
-            _prepare(layer, getattr(layer, "prefix", ""), qw, "fp8")
-
-        def apply_weights(self, layer, x, bias=None, **kwargs):
-            return _apply(layer, x, bias)
+            _prepare(layer, qw, "fp8")
 
         def apply_block_scaled_mm(self, **kwargs):
             raise NotImplementedError("b12x runs the whole linear in apply_weights")
 
-    class B12xCoreMxfp8LinearKernel(Mxfp8LinearKernel):
+    class B12xCoreMxfp8LinearKernel(_B12xKernel, Mxfp8LinearKernel):
         """MXFP8 weights, MXFP8 activations."""
 
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None):
-            return _native_path("MXFP8", "mxfp8")
+        b12x_format, b12x_activation = "MXFP8", "mxfp8"
 
         @classmethod
         def can_implement(cls, c):
@@ -147,17 +146,12 @@ def kernel_classes() -> dict[str, type]:
             n, k = layer.weight.shape
             scale = layer.weight_scale.data[:n, : k // 32].contiguous()  # some methods pad the scales
             qw = bf.QuantizedWeight.from_tensors("MXFP8", {"weight": layer.weight.data, "weight_scale": scale})
-            _prepare(layer, getattr(layer, "prefix", ""), qw, "mxfp8")
+            _prepare(layer, qw, "mxfp8")
 
-        def apply_weights(self, layer, x, bias=None):
-            return _apply(layer, x, bias)
-
-    class B12xCoreNvFp4LinearKernel(NvFp4LinearKernel):
+    class B12xCoreNvFp4LinearKernel(_B12xKernel, NvFp4LinearKernel):
         """NVFP4 weights with NVFP4 activations (W4A4: the checkpoint's global input scale)."""
 
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None):
-            return _native_path("NVFP4", "nvfp4")
+        b12x_format, b12x_activation = "NVFP4", "nvfp4"
 
         @classmethod
         def can_implement(cls, c):
@@ -169,17 +163,12 @@ def kernel_classes() -> dict[str, type]:
             activation = "bf16"
             if getattr(layer, "input_global_scale", None) is not None:
                 tensors["input_scale"], activation = _scalar(layer.input_global_scale), "nvfp4"
-            _prepare(layer, getattr(layer, "prefix", ""), bf.QuantizedWeight.from_tensors("NVFP4", tensors), activation)
+            _prepare(layer, bf.QuantizedWeight.from_tensors("NVFP4", tensors), activation)
 
-        def apply_weights(self, layer, x, bias=None):
-            return _apply(layer, x, bias)
-
-    class B12xCoreMxFp4LinearKernel(MxFp4LinearKernel):
+    class B12xCoreMxFp4LinearKernel(_B12xKernel, MxFp4LinearKernel):
         """MXFP4 weights with bf16 (weight-only) or MXFP8 activations."""
 
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None):
-            return _native_path("MXFP4", "bf16")
+        b12x_format, b12x_activation = "MXFP4", "bf16"
 
         @classmethod
         def can_implement(cls, c):
@@ -192,10 +181,7 @@ def kernel_classes() -> dict[str, type]:
                 "MXFP4", {"weight": layer.weight.data, "weight_scale": layer.weight_scale.data.view(torch.uint8)}
             )
             activation = "bf16" if self.config.activation_quant_key is None else "mxfp8"
-            _prepare(layer, getattr(layer, "prefix", ""), qw, activation)
-
-        def apply_weights(self, layer, x, bias=None):
-            return _apply(layer, x, bias)
+            _prepare(layer, qw, activation)
 
     return {
         "fp8": B12xCoreFp8LinearKernel,
