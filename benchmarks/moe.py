@@ -105,9 +105,14 @@ def main() -> None:
                     rows.append(row)
                     print(f"  {fmt:<12} × {act:<6} T={t:<5} {us:>9.1f} µs  bf16 ref {ref_us:>9.1f} µs  "
                           f"{row['pct_copy']:>5.1f}% copy  {row['pct_cublas']:>5.1f}% cuBLAS", flush=True)  # fmt: skip
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "rows": rows}, f, indent=1)
+                save(args.out, bw, rows)  # after each format: a run cut short keeps what it measured
+    save(args.out, bw, rows)
     plot(rows, args.png)
+
+
+def save(path: str, bw: float, rows: list) -> None:
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "rows": rows}, f, indent=1)
 
 
 def plot(rows: list, path: str) -> None:

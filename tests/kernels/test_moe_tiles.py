@@ -22,7 +22,7 @@ import b12x_formats as bf
 
 pytest.importorskip("triton")
 
-from b12x_core import moe_path, tile_path  # noqa: E402
+from b12x_core import moe_path, scratch, tile_path  # noqa: E402
 from b12x_core.moe import MOE_FORMATS, moe_reference  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
@@ -101,6 +101,7 @@ def test_gpu_moe_matches_reference(rng, fmt, act_format, activation, order, t):
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
     gpu = bc.prepare_moe(w13, w2, device="cuda", **kw)
     assert gpu.path == "triton_moe"
+    scratch.poison(gpu.device)  # every temporary the kernels read, they must have written first
     y = bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu)
     close(y.cpu(), moe_reference(x, weights, ids, bf16_weights(bc.prepare_moe(w13, w2, **kw))))
     assert torch.equal(bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu), y)  # deterministic

@@ -24,7 +24,7 @@ import b12x_formats as bf
 
 pytest.importorskip("triton")
 
-from b12x_core import tile_path  # noqa: E402
+from b12x_core import scratch, tile_path  # noqa: E402
 from b12x_core.linear import as_shards  # noqa: E402
 
 # (format, activation, input_scale present); K where the format allows one that is no multiple of 128
@@ -124,6 +124,7 @@ def test_gpu_tiles_match_reference(rng, fmt, activation, with_scale, m):
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=m, activation=activation)
     assert gpu.tiles is not None, gpu
     cpu = bc.prepare_linear(qw, device="cpu", max_tokens=m, activation=activation)
+    scratch.poison(gpu.device)  # quantized activations and workspace must be written before they are read
     y = bc.linear(x.cuda(), gpu, bias.cuda())
     close(y, bc.linear(x, cpu, bias))
     assert torch.equal(bc.linear(x.cuda(), gpu, bias.cuda()), y)  # deterministic
