@@ -310,20 +310,24 @@ MOE_ACT = {"none": 0, "silu": 1, "relu2": 2}
 
 def moe_tiles(fmt: str, x, sorted_slots, block_expert, block_start, block_rows, weight, scales, col_scale, out, *,
               top_k: int, rows_per_expert: int, gather: bool, act: str, up_first: bool = False, grid_table=None,
-              sign_table=None, block_m: int = 16):  # fmt: skip
+              sign_table=None, block_m: int = 16, block_n: int | None = None, num_warps: int = 4,
+              num_stages: int | None = None):  # fmt: skip
     """One grouped expert GEMM over expert-sorted token slots (see _moe_tiles); weight/scales/col_scale are the
     experts' tensors stacked along rows ([E·rows_per_expert, ...]); blocks with expert −1 do nothing, so the
-    launch size is fixed (CUDA graphs) while the routing decides the work."""
+    launch size is fixed (CUDA graphs) while the routing decides the work. block_n, num_warps, num_stages
+    override the defaults (benchmarks/moe_configs.py sweeps them)."""
     n = out.shape[1]
     k = x.shape[1]
     dummy = col_scale
-    block_n = 64 if n <= 4096 else 128
+    block_n = block_n or (64 if n <= 4096 else 128)
+    if num_stages is None:
+        num_stages = 2 if act == "silu" else 3  # two weight tiles: SM12x's 99 KB
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _moe_tiles[grid](
         x, sorted_slots, block_expert, block_start, block_rows, weight, dummy if scales is None else scales,
         dummy if grid_table is None else grid_table, dummy if sign_table is None else sign_table, col_scale, out,
         n, k, top_k, rows_per_expert,
         FMT=_CODE[fmt], GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=BLOCK_K, num_warps=4, num_stages=2 if act == "silu" else 3,  # two weight tiles: SM12x's 99 KB
+        BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
