@@ -105,22 +105,53 @@ def test_block_table_covers_every_slot_once():
     assert sorted(covered) == list(range(10))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
-@pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
-@pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
-def test_interpreted_moe_matches_reference(rng, fmt, act_format, activation, order):
+def interpreted(rng, fmt, act_format, activation, order, t):
+    """moe_path.moe_tiles in Triton's interpreter against the reference (tolerance: closeness.py + flips)."""
     inter = 256 if bf.spec(fmt).packing == "ggml" else 96  # w2's K is I: IQ2 needs whole 256-blocks
-    x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=4, h=256, inter=inter, t=7, top_k=2)
-    ref = bc.prepare_moe(w13, w2, activation=activation, w13_order=order, max_tokens=7, top_k=2, act_format=act_format)
+    x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=4, h=256, inter=inter, t=t, top_k=2)
+    ref = bc.prepare_moe(w13, w2, activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
     p = dataclasses.replace(
         ref,
         tiles13=tile_path.prepare_tiles([w13], ref.act_mode_13, ref.input_scale_13, "cpu"),
         tiles2=tile_path.prepare_tiles([w2], ref.act_mode_2, ref.input_scale_2, "cpu"),
     )
     moe_path.reserve_scratch(p)
+    scratch.poison(p.device)
     ref = bf16_weights(ref)
     close(moe_path.moe_tiles(x, weights, ids, p), moe_reference(x, weights, ids, ref),
           slack=quantizer_flips(x, weights, ids, ref))  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
+@pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
+def test_interpreted_moe_matches_reference(rng, fmt, act_format, activation, order):
+    interpreted(rng, fmt, act_format, activation, order, t=7)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("t", [40, 160])  # 20 and 80 rows per expert: 64- and 128-row blocks
+@pytest.mark.parametrize("fmt,act_format,activation,order", [("MXFP4", "mxfp8", "silu", "up_gate"),
+                                                             ("Q8_0", "bf16", "relu2", "gate_up")])  # fmt: skip
+def test_interpreted_moe_prefill_configurations(rng, monkeypatch, fmt, act_format, activation, order, t):
+    monkeypatch.setattr(moe_path, "_smem_kb", lambda device: 228)  # the H200's budget: 128-row blocks allowed
+    interpreted(rng, fmt, act_format, activation, order, t)
+
+
+def test_warm_compiles_every_configuration_a_call_can_pick(monkeypatch):
+    from types import SimpleNamespace
+
+    for smem in (99, 228):
+        monkeypatch.setattr(moe_path, "_smem_kb", lambda device, smem=smem: smem)
+        p = SimpleNamespace(max_tokens=3000, top_k=8, experts=128, activation="silu", device="cpu", hidden=64,
+                            intermediate=32)  # fmt: skip
+        called = []
+        monkeypatch.setattr(moe_path, "moe_tiles", lambda x, w, ids, p, called=called: called.append(x.shape[0]))
+        monkeypatch.setattr(moe_path, "reserve_scratch", lambda p: None)
+        moe_path.warm(p)
+        warmed = {str(moe_path.configs(p, t)) for t in called}
+        assert len(warmed) == 3 if smem == 228 else 2
+        assert all(str(moe_path.configs(p, t)) in warmed for t in range(1, p.max_tokens + 1))
 
 
 @pytest.mark.gpu
@@ -153,3 +184,27 @@ def test_gpu_moe_replays_in_cuda_graphs(rng):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager.flip(0))
+
+
+def random_q8_0_experts(rng, e: int, n: int, k: int) -> bf.QuantizedWeight:
+    """Valid Q8_0 expert blocks from random bytes (quantizing gigabytes on the host would take minutes)."""
+    blocks = rng.integers(0, 256, size=(e, n, k // 32, 34), dtype=np.uint8)
+    blocks[..., :2] = rng.uniform(1e-3, 1e-2, size=(e, n, k // 32)).astype(np.float16)[..., None].view(np.uint8)
+    return bf.QuantizedWeight.from_tensors("Q8_0", {"weight": blocks})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [3, 300])
+def test_gpu_moe_addresses_expert_bytes_past_2_gib(rng, t):
+    """An expert stack past 2^31 bytes (DeepSeek-V3's gate/up stack is 3.8 GB): tokens routed to the last two
+    experts match the reference run on those two experts alone."""
+    e, h, inter = 72, 7168, 2048  # gate/up: 72 × 4096 rows × 7616 bytes = 2.2 GB
+    w13, w2 = random_q8_0_experts(rng, e, 2 * inter, h), random_q8_0_experts(rng, e, h, inter)
+    assert w13.tensors["weight"].nbytes > 2**31
+    x = torch.from_numpy(rng.standard_normal((t, h)).astype(np.float32)).to(torch.bfloat16)
+    weights, local = bc.route_topk(torch.from_numpy(rng.standard_normal((t, 2)).astype(np.float32)), 2)
+    gpu = bc.prepare_moe(w13, w2, device="cuda", max_tokens=t, top_k=2)
+    y = bc.moe(x.cuda(), weights.cuda(), (local + e - 2).cuda(), gpu)
+    last = [bf.QuantizedWeight.from_tensors("Q8_0", {"weight": w.tensors["weight"][-2:]}) for w in (w13, w2)]
+    ref = bf16_weights(bc.prepare_moe(*last, max_tokens=t, top_k=2))
+    close(y.cpu(), moe_reference(x, weights, local, ref))

@@ -3,8 +3,9 @@ the activation fused into the first), and a deterministic combine.
 
 No host synchronisation: the sort, the per-expert counts and the block table are torch ops on the device, and
 the launch covers the most blocks any routing can need (⌈T·k / BLOCK_M⌉ + E); blocks past the routing's work
-exit at once. So a call captures in a CUDA graph for a given T. The combine gathers each token's k expert
-outputs back in slot order and sums them in float32 (no atomics: repeated calls are bit-identical).
+exit at once. So a call captures in a CUDA graph for a given T. The down GEMM writes each slot's row in place;
+one combine kernel sums each token's k rows in slot order in float32 (no atomics: repeated calls are
+bit-identical).
 """
 
 from __future__ import annotations
@@ -14,9 +15,37 @@ import torch
 from .tile_path import bf16_valued
 
 
-def block_m(tokens: int, top_k: int, experts: int) -> int:
-    """Rows per block: small while the slots per expert are few (decode), larger for prefill."""
-    return 16 if tokens * top_k < 32 * experts else 64
+def _smem_kb(device: torch.device) -> int:
+    """Shared memory per block the device allows, in KB (a CPU device, the interpreter: the SM12x budget)."""
+    if device.type != "cuda":
+        return 99
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin // 1024
+
+
+def configs(p, tokens: int) -> tuple[dict, dict]:
+    """Tile configurations of the gate/up and down GEMMs for a call of `tokens` tokens (one block_m: they
+    share the block table)."""
+    from b12x_kernels import tiles
+
+    per_expert = tokens * p.top_k / p.experts
+    smem = _smem_kb(p.device)
+    first = tiles.moe_config(per_expert, p.activation, smem)
+    second = tiles.moe_config(per_expert, "none", smem)
+    return first, second
+
+
+def regime_tokens(p) -> list[int]:
+    """One token count per configuration a call up to max_tokens can pick (warm compiles each)."""
+    from b12x_kernels import tiles
+
+    smem = _smem_kb(p.device)
+    seen, counts = set(), []
+    for tokens in range(1, p.max_tokens + 1):
+        key = tuple(sorted(tiles.moe_config(tokens * p.top_k / p.experts, p.activation, smem).items()))
+        if key not in seen:
+            seen.add(key)
+            counts.append(tokens)
+    return counts
 
 
 def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
@@ -41,11 +70,10 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
 
 def scratch_specs(p, tokens: int) -> list:
     """The temporaries of a call with `tokens` tokens: quantized x, intermediate (and its quantized copy),
-    per-slot outputs in float32, slot positions."""
+    per-slot outputs in float32."""
     slots = tokens * p.top_k
     return [((tokens, p.hidden), torch.bfloat16), ((slots, p.intermediate), torch.bfloat16),
-            ((slots, p.intermediate), torch.bfloat16), ((slots, p.hidden), torch.float32),
-            ((slots,), torch.int32)]  # fmt: skip
+            ((slots, p.intermediate), torch.bfloat16), ((slots, p.hidden), torch.float32)]  # fmt: skip
 
 
 def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, p) -> torch.Tensor:
@@ -54,28 +82,26 @@ def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     from . import scratch
 
     t, k = topk_ids.shape
-    slots = t * k
-    bm = block_m(t, k, p.experts)
-    order, block_expert, start, rows = block_table(topk_ids, p.experts, bm)
-    common = dict(top_k=k, block_m=bm)
-    x_q, inter, inter_q, out, position = scratch.carve(x.device, scratch_specs(p, t))
+    first, second = configs(p, t)
+    order, block_expert, start, rows = block_table(topk_ids, p.experts, first["block_m"])
+    x_q, inter, inter_q, out = scratch.carve(x.device, scratch_specs(p, t))
     w13 = p.tiles13
     tiles.moe_tiles(
         p.w13_format, bf16_valued(x.contiguous(), p.act_mode_13, p.input_scale_13, x_q), order, block_expert, start,
         rows,
         w13.weight, w13.scales, w13.col_scale, inter, rows_per_expert=w13.weight.shape[0] // p.experts, gather=True,
-        act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, **common,
+        act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, top_k=k,
+        **first,
     )  # fmt: skip
     w2 = p.tiles2
     tiles.moe_tiles(
         p.w2_format, bf16_valued(inter, p.act_mode_2, p.input_scale_2, inter_q), order, block_expert, start, rows,
         w2.weight,
         w2.scales, w2.col_scale, out, rows_per_expert=p.hidden, gather=False, act="none", grid_table=w2.grid,
-        sign_table=w2.signs, **common,
+        sign_table=w2.signs, top_k=k, **second,
     )  # fmt: skip
-    position[order.long()] = torch.arange(slots, dtype=order.dtype, device=x.device)
-    per_slot = out[position.long()].reshape(t, k, p.hidden)
-    return (per_slot * topk_weights[..., None]).sum(dim=1).to(torch.bfloat16)
+    y = torch.empty(t, p.hidden, dtype=torch.bfloat16, device=x.device)
+    return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)
 
 
 def reserve_scratch(p) -> None:
@@ -85,10 +111,10 @@ def reserve_scratch(p) -> None:
 
 
 def warm(p) -> None:
-    """Reserve the scratch for max_tokens and compile both block sizes' kernels at prepare time (routing every
-    slot to expert 0)."""
+    """Reserve the scratch for max_tokens and compile every configuration's kernels at prepare time (routing
+    every slot to expert 0)."""
     reserve_scratch(p)
-    for tokens in sorted({1, p.max_tokens}):
+    for tokens in regime_tokens(p):
         ids = torch.zeros(tokens, p.top_k, dtype=torch.int32, device=p.device)
         weights = torch.full((tokens, p.top_k), 1.0 / p.top_k, device=p.device)
         moe_tiles(torch.zeros(tokens, p.hidden, dtype=torch.bfloat16, device=p.device), weights, ids, p)

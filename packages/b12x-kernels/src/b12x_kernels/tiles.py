@@ -54,6 +54,7 @@ def _fp16_at(ptr):
 def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
             FMT: tl.constexpr, KEEP_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """Weight rows offs_n, columns k0 .. k0+BLOCK_K -> [BLOCK_N, BLOCK_K] bf16 (fp8 when KEEP_FP8)."""
+    offs_n = offs_n.to(tl.int64)  # byte offsets of stacked experts pass 2^31 (DeepSeek-V3-sized: 3.8 GB)
     n = offs_n[:, None]
     n_ok = n < N
     if FMT <= 2:  # FP8, FP8_BLOCK, MXFP8: e4m3 elements, [N, K]
@@ -262,7 +263,8 @@ def _moe_tiles(
 
     ACT 0: y = h (fp32 out); 1: y = silu(gate)·up (bf16 out; N is the intermediate size, weight rows
     [gate | up] or [up | gate] per expert); 2: y = relu(h)² (bf16 out). GATHER: x rows are token = slot // TOP_K
-    of the sorted slots; otherwise x rows are the sorted positions themselves."""
+    of the sorted slots and y rows the sorted positions (the gate/up GEMM); otherwise x rows are the sorted
+    positions and y rows the slots themselves (the down GEMM: the combine then reads a token's k rows in place)."""
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -271,10 +273,13 @@ def _moe_tiles(
     rows = tl.load(block_rows_ptr + block)
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
+    slot = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
     if GATHER:
-        x_rows = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0) // TOP_K
+        x_rows = slot // TOP_K
+        y_rows = start + offs_m
     else:
         x_rows = start + offs_m
+        y_rows = slot
     local_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = local_n < N
     first = expert * ROWS_PER_EXPERT + tl.where(n_ok, local_n, 0)
@@ -291,7 +296,7 @@ def _moe_tiles(
             w2 = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, first + N, k0, total_rows, K, FMT, False, BLOCK_N, BLOCK_K)
             acc2 = tl.dot(x, tl.trans(w2), acc2)
     acc = acc * tl.load(col_scale_ptr + first, mask=n_ok, other=0.0)[None, :]
-    out_ptrs = y_ptr + (start + offs_m)[:, None] * N + local_n[None, :]
+    out_ptrs = y_ptr + y_rows.to(tl.int64)[:, None] * N + local_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if ACT == 0:
         tl.store(out_ptrs, acc, mask=mask)
@@ -306,6 +311,38 @@ def _moe_tiles(
 
 
 MOE_ACT = {"none": 0, "silu": 1, "relu2": 2}
+
+
+def moe_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
+    """Tile sizes of a grouped GEMM, from the mean rows per expert (measured on the H200 with
+    benchmarks/moe_configs.py; docs/performance.md). Decode: 16-row blocks, narrow 32-column tiles (more CTAs
+    stream weights); prefill: 128-row blocks where shared memory holds them (SM12x's 99 KB does not)."""
+    if rows_per_expert <= 8:
+        return dict(block_m=16, block_n=32, num_warps=4, num_stages=3 if act == "silu" else 4)
+    if rows_per_expert <= 64 or smem_kb < 160:
+        return dict(block_m=64, block_n=64, num_warps=4, num_stages=2 if act == "silu" else 3)
+    return dict(block_m=128, block_n=64, num_warps=4, num_stages=2)
+
+
+@triton.jit
+def _moe_combine(out_ptr, weights_ptr, y_ptr, H, TOP_K, BLOCK_H: tl.constexpr):
+    """y[t] = Σ_j weights[t, j] · out[t·TOP_K + j] in float32, j in order (deterministic), rounded to bf16."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in range(TOP_K):
+        slot = (t * TOP_K + j).to(tl.int64)
+        acc += tl.load(weights_ptr + slot) * tl.load(out_ptr + slot * H + cols, mask=ok, other=0.0)
+    tl.store(y_ptr + t.to(tl.int64) * H + cols, acc.to(tl.bfloat16), mask=ok)
+
+
+def moe_combine(out, topk_weights, y):
+    """out float32 [T·k, H] (slot rows), topk_weights float32 [T, k] -> y bf16 [T, H]."""
+    t, k = topk_weights.shape
+    h = out.shape[1]
+    _moe_combine[(t, triton.cdiv(h, 1024))](out, topk_weights, y, h, k, BLOCK_H=1024, num_warps=4)
+    return y
 
 
 def moe_tiles(fmt: str, x, sorted_slots, block_expert, block_start, block_rows, weight, scales, col_scale, out, *,
