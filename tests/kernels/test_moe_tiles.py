@@ -10,6 +10,7 @@ rounding of d·q for Q8_0 and IQ2, which two chained GEMMs would otherwise ampli
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -105,6 +106,22 @@ def test_block_table_covers_every_slot_once():
     assert sorted(covered) == list(range(10))
 
 
+@pytest.mark.parametrize("tokens,top_k,experts,rows_per_block", [(1, 8, 128, 16), (7, 2, 5, 16), (64, 8, 256, 16),
+                                                                  (128, 8, 60, 64), (1, 1, 1, 16)])  # fmt: skip
+def test_routing_kernel_matches_torch_tables(rng, tokens, top_k, experts, rows_per_block):
+    """The one-launch routing tables (b12x_kernels.moe_route) equal the torch ops' on every block with work."""
+    logits = torch.from_numpy(rng.standard_normal((tokens, experts)).astype(np.float32))
+    ids = bc.route_topk(logits, top_k)[1]
+    if rng.random() < 0.5:  # crowd the low experts: several blocks for one expert
+        ids = ids % max(1, experts // 8)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fused = [t.cpu() for t in moe_path.block_table(ids.to(device), experts, rows_per_block)]
+    ref = moe_path.block_table_torch(ids, experts, rows_per_block)
+    assert torch.equal(fused[0], ref[0]) and torch.equal(fused[1], ref[1])
+    work = ref[1] >= 0
+    assert torch.equal(fused[2][work], ref[2][work]) and torch.equal(fused[3][work], ref[3][work])
+
+
 def interpreted(rng, fmt, act_format, activation, order, t):
     """moe_path.moe_tiles in Triton's interpreter against the reference (tolerance: closeness.py + flips)."""
     inter = 256 if bf.spec(fmt).packing == "ggml" else 96  # w2's K is I: IQ2 needs whole 256-blocks
@@ -138,9 +155,19 @@ def test_interpreted_moe_prefill_configurations(rng, monkeypatch, fmt, act_forma
     interpreted(rng, fmt, act_format, activation, order, t)
 
 
-def test_warm_compiles_every_configuration_a_call_can_pick(monkeypatch):
-    from types import SimpleNamespace
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
+@pytest.mark.parametrize("fmt,act_format,activation,order", [("NVFP4", "nvfp4", "silu", "up_gate"),
+                                                             ("IQ2_XXS", "bf16", "relu2", "gate_up")])  # fmt: skip
+def test_interpreted_moe_splits_k(rng, monkeypatch, fmt, act_format, activation, order):
+    """Both GEMMs split along K (as many SMs as make each split one step), the splits added in order."""
+    monkeypatch.setattr(moe_path, "_sms", lambda device: 64)
+    p = SimpleNamespace(top_k=2, experts=4, hidden=256, intermediate=256, activation=activation, device=torch.device("cpu"),
+                        max_tokens=3)  # fmt: skip
+    assert moe_path.splits(p, 3) == (128, 2, 128, 2)
+    interpreted(rng, fmt, act_format, activation, order, t=3)
 
+
+def test_warm_compiles_every_configuration_a_call_can_pick(monkeypatch):
     for smem in (99, 228):
         monkeypatch.setattr(moe_path, "_smem_kb", lambda device, smem=smem: smem)
         p = SimpleNamespace(max_tokens=3000, top_k=8, experts=128, activation="silu", device="cpu", hidden=64,

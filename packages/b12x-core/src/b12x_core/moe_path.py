@@ -10,16 +10,41 @@ bit-identical).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .tile_path import bf16_valued
 
 
+@functools.cache
 def _smem_kb(device: torch.device) -> int:
     """Shared memory per block the device allows, in KB (a CPU device, the interpreter: the SM12x budget)."""
     if device.type != "cuda":
         return 99
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin // 1024
+
+
+@functools.cache
+def _sms(device: torch.device) -> int:
+    """Streaming multiprocessors (a CPU device, the interpreter: 4, so its tests split K too)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def k_split(p, tokens: int, cfg: dict, n: int, k: int) -> int:
+    """Columns of K per split for a GEMM of n output columns over k: decode-sized calls (16-row blocks) touch
+    few experts, so a launch of experts × column tiles leaves SMs idle; splitting K gives each SM ~8 programs.
+    Prefill keeps K whole (its epilogue fuses the activation)."""
+    from b12x_kernels import tiles
+
+    steps = -(-k // tiles.BLOCK_K)
+    if cfg["block_m"] > 16:
+        return steps * tiles.BLOCK_K
+    programs = min(tokens * p.top_k, p.experts) * -(-n // cfg["block_n"])
+    want = min(steps, max(1, -(-8 * _sms(p.device) // programs)))
+    return -(-steps // want) * tiles.BLOCK_K
 
 
 def configs(p, tokens: int) -> tuple[dict, dict]:
@@ -49,7 +74,21 @@ def regime_tokens(p) -> list[int]:
 
 
 def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
-    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device."""
+    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device:
+    one Triton launch for decode-sized calls, torch ops (a parallel sort) past MAX_SLOTS."""
+    from b12x_kernels import moe_route
+
+    if ids.numel() > moe_route.MAX_SLOTS:
+        return block_table_torch(ids, experts, rows_per_block)
+    most = -(-ids.numel() // rows_per_block) + experts
+    order = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
+    block_expert, start, rows = torch.empty(3, most, dtype=torch.int32, device=ids.device).unbind(0)
+    moe_route.moe_route(ids.contiguous(), experts, rows_per_block, order, block_expert, start, rows)
+    return order, block_expert, start, rows
+
+
+def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
+    """block_table in torch ops (any size)."""
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
@@ -68,12 +107,23 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
     return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
+def splits(p, tokens: int) -> tuple[int, int, int, int]:
+    """-> (K columns per split, splits) of the gate/up GEMM, then of the down GEMM, for `tokens` tokens."""
+    first, second = configs(p, tokens)
+    split13 = k_split(p, tokens, first, p.intermediate, p.hidden)
+    split2 = k_split(p, tokens, second, p.hidden, p.intermediate)
+    return split13, -(-p.hidden // split13), split2, -(-p.intermediate // split2)
+
+
 def scratch_specs(p, tokens: int) -> list:
-    """The temporaries of a call with `tokens` tokens: quantized x, intermediate (and its quantized copy),
-    per-slot outputs in float32."""
+    """The temporaries of a call with `tokens` tokens: quantized x, the gate/up GEMM's float32 split sums
+    (none when K is whole), the intermediate and its quantized copy, the down GEMM's float32 slot rows per split."""
     slots = tokens * p.top_k
-    return [((tokens, p.hidden), torch.bfloat16), ((slots, p.intermediate), torch.bfloat16),
-            ((slots, p.intermediate), torch.bfloat16), ((slots, p.hidden), torch.float32)]  # fmt: skip
+    _, splits13, _, splits2 = splits(p, tokens)
+    width13 = 2 * p.intermediate if p.activation == "silu" else p.intermediate
+    return [((tokens, p.hidden), torch.bfloat16), ((splits13 if splits13 > 1 else 0, slots, width13), torch.float32),
+            ((slots, p.intermediate), torch.bfloat16), ((slots, p.intermediate), torch.bfloat16),
+            ((splits2, slots, p.hidden), torch.float32)]  # fmt: skip
 
 
 def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, p) -> torch.Tensor:
@@ -84,30 +134,34 @@ def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     t, k = topk_ids.shape
     first, second = configs(p, t)
     order, block_expert, start, rows = block_table(topk_ids, p.experts, first["block_m"])
-    x_q, inter, inter_q, out = scratch.carve(x.device, scratch_specs(p, t))
+    x_q, partial13, inter, inter_q, out = scratch.carve(x.device, scratch_specs(p, t))
+    split13, splits13, split2, _ = splits(p, t)
     w13 = p.tiles13
+    up_first = p.w13_order == "up_gate"
     tiles.moe_tiles(
         p.w13_format, bf16_valued(x.contiguous(), p.act_mode_13, p.input_scale_13, x_q), order, block_expert, start,
-        rows,
-        w13.weight, w13.scales, w13.col_scale, inter, rows_per_expert=w13.weight.shape[0] // p.experts, gather=True,
-        act=p.activation, up_first=p.w13_order == "up_gate", grid_table=w13.grid, sign_table=w13.signs, top_k=k,
-        **first,
+        rows, w13.weight, w13.scales, w13.col_scale, partial13 if splits13 > 1 else inter,
+        rows_per_expert=w13.weight.shape[0] // p.experts, gather=True, act=p.activation, up_first=up_first,
+        grid_table=w13.grid, sign_table=w13.signs, top_k=k, k_split=split13, **first,
     )  # fmt: skip
+    if splits13 > 1:
+        tiles.moe_activate(partial13, inter, p.activation, up_first)
     w2 = p.tiles2
     tiles.moe_tiles(
         p.w2_format, bf16_valued(inter, p.act_mode_2, p.input_scale_2, inter_q), order, block_expert, start, rows,
         w2.weight,
         w2.scales, w2.col_scale, out, rows_per_expert=p.hidden, gather=False, act="none", grid_table=w2.grid,
-        sign_table=w2.signs, top_k=k, **second,
+        sign_table=w2.signs, top_k=k, k_split=split2, **second,
     )  # fmt: skip
     y = torch.empty(t, p.hidden, dtype=torch.bfloat16, device=x.device)
     return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)
 
 
 def reserve_scratch(p) -> None:
+    """Enough scratch for any call up to max_tokens (split sums make the need depend on T, not only grow)."""
     from . import scratch
 
-    scratch.reserve(p.device, scratch.nbytes(scratch_specs(p, p.max_tokens)))
+    scratch.reserve(p.device, max(scratch.nbytes(scratch_specs(p, t)) for t in range(1, p.max_tokens + 1)))
 
 
 def warm(p) -> None:

@@ -255,8 +255,8 @@ def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=Non
 @triton.jit
 def _moe_tiles(
     x_ptr, sorted_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr,
-    col_scale_ptr, y_ptr, N, K, TOP_K, ROWS_PER_EXPERT,
-    FMT: tl.constexpr, GATHER: tl.constexpr, ACT: tl.constexpr, UP_FIRST: tl.constexpr,
+    col_scale_ptr, y_ptr, N, K, TOP_K, ROWS_PER_EXPERT, Y_ROWS, K_SPLIT,
+    FMT: tl.constexpr, GATHER: tl.constexpr, ACT: tl.constexpr, UP_FIRST: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One expert's rows (a block of the expert-sorted token slots) × BLOCK_N output columns.
@@ -264,7 +264,10 @@ def _moe_tiles(
     ACT 0: y = h (fp32 out); 1: y = silu(gate)·up (bf16 out; N is the intermediate size, weight rows
     [gate | up] or [up | gate] per expert); 2: y = relu(h)² (bf16 out). GATHER: x rows are token = slot // TOP_K
     of the sorted slots and y rows the sorted positions (the gate/up GEMM); otherwise x rows are the sorted
-    positions and y rows the slots themselves (the down GEMM: the combine then reads a token's k rows in place)."""
+    positions and y rows the slots themselves (the down GEMM: the combine then reads a token's k rows in place).
+
+    Program axis 2 takes K_SPLIT columns of K. SPLIT: each split writes its raw float32 sums (gate and up side
+    by side for ACT 1) to y [splits, Y_ROWS, N or 2N]; moe_activate / moe_combine add the splits in order."""
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -286,7 +289,8 @@ def _moe_tiles(
     total_rows = (expert + 1) * ROWS_PER_EXPERT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * K_SPLIT
+    for k0 in range(k_lo, tl.minimum(k_lo + K_SPLIT, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + x_rows[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
                     other=0.0)  # fmt: skip
@@ -296,8 +300,16 @@ def _moe_tiles(
             w2 = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, first + N, k0, total_rows, K, FMT, False, BLOCK_N, BLOCK_K)
             acc2 = tl.dot(x, tl.trans(w2), acc2)
     acc = acc * tl.load(col_scale_ptr + first, mask=n_ok, other=0.0)[None, :]
-    out_ptrs = y_ptr + y_rows.to(tl.int64)[:, None] * N + local_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT:
+        width = 2 * N if ACT == 1 else N
+        row_ptrs = y_ptr + (tl.program_id(2).to(tl.int64) * Y_ROWS + y_rows.to(tl.int64))[:, None] * width
+        tl.store(row_ptrs + local_n[None, :], acc, mask=mask)
+        if ACT == 1:
+            acc2 = acc2 * tl.load(col_scale_ptr + first + N, mask=n_ok, other=0.0)[None, :]
+            tl.store(row_ptrs + N + local_n[None, :], acc2, mask=mask)
+        return
+    out_ptrs = y_ptr + y_rows.to(tl.int64)[:, None] * N + local_n[None, :]
     if ACT == 0:
         tl.store(out_ptrs, acc, mask=mask)
     elif ACT == 1:
@@ -325,46 +337,89 @@ def moe_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
 
 
 @triton.jit
-def _moe_combine(out_ptr, weights_ptr, y_ptr, H, TOP_K, BLOCK_H: tl.constexpr):
-    """y[t] = Σ_j weights[t, j] · out[t·TOP_K + j] in float32, j in order (deterministic), rounded to bf16."""
+def _moe_activate(part_ptr, y_ptr, ROWS, N, SPLITS, ACT: tl.constexpr, UP_FIRST: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """The split gate/up GEMM's epilogue: add the splits' float32 sums in order, apply SiLU·up or ReLU²."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    width = 2 * N if ACT == 1 else N
+    a = tl.zeros((BLOCK,), dtype=tl.float32)
+    b = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLITS):
+        row = part_ptr + (s * ROWS + r) * width
+        a += tl.load(row + cols, mask=ok, other=0.0)
+        if ACT == 1:
+            b += tl.load(row + N + cols, mask=ok, other=0.0)
+    if ACT == 1:
+        gate = b if UP_FIRST else a
+        up = a if UP_FIRST else b
+        y = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        relu = tl.maximum(a, 0.0)
+        y = relu * relu
+    tl.store(y_ptr + r * N + cols, y.to(tl.bfloat16), mask=ok)
+
+
+def moe_activate(partials, y, act: str, up_first: bool):
+    """partials float32 [splits, rows, 2N (SiLU) or N (ReLU²)] -> y bf16 [rows, N]."""
+    splits, rows, _ = partials.shape
+    n = y.shape[1]
+    _moe_activate[(rows, triton.cdiv(n, 512))](partials, y, rows, n, splits, ACT=MOE_ACT[act], UP_FIRST=up_first,
+                                                BLOCK=512, num_warps=4)  # fmt: skip
+    return y
+
+
+@triton.jit
+def _moe_combine(out_ptr, weights_ptr, y_ptr, H, TOP_K, SPLITS, SLOTS, BLOCK_H: tl.constexpr):
+    """y[t] = Σ_j weights[t, j] · Σ_s out[s, t·TOP_K + j] in float32, j and s in order (deterministic), to bf16."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = cols < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in range(TOP_K):
         slot = (t * TOP_K + j).to(tl.int64)
-        acc += tl.load(weights_ptr + slot) * tl.load(out_ptr + slot * H + cols, mask=ok, other=0.0)
+        row = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for s in range(SPLITS):
+            row += tl.load(out_ptr + (s * SLOTS + slot) * H + cols, mask=ok, other=0.0)
+        acc += tl.load(weights_ptr + slot) * row
     tl.store(y_ptr + t.to(tl.int64) * H + cols, acc.to(tl.bfloat16), mask=ok)
 
 
 def moe_combine(out, topk_weights, y):
-    """out float32 [T·k, H] (slot rows), topk_weights float32 [T, k] -> y bf16 [T, H]."""
+    """out float32 [splits, T·k, H] (slot rows), topk_weights float32 [T, k] -> y bf16 [T, H]."""
     t, k = topk_weights.shape
-    h = out.shape[1]
-    _moe_combine[(t, triton.cdiv(h, 1024))](out, topk_weights, y, h, k, BLOCK_H=1024, num_warps=4)
+    splits, slots, h = out.shape
+    _moe_combine[(t, triton.cdiv(h, 1024))](out, topk_weights, y, h, k, splits, slots, BLOCK_H=1024, num_warps=4)
     return y
 
 
 def moe_tiles(fmt: str, x, sorted_slots, block_expert, block_start, block_rows, weight, scales, col_scale, out, *,
               top_k: int, rows_per_expert: int, gather: bool, act: str, up_first: bool = False, grid_table=None,
               sign_table=None, block_m: int = 16, block_n: int | None = None, num_warps: int = 4,
-              num_stages: int | None = None):  # fmt: skip
+              num_stages: int | None = None, k_split: int | None = None):  # fmt: skip
     """One grouped expert GEMM over expert-sorted token slots (see _moe_tiles); weight/scales/col_scale are the
     experts' tensors stacked along rows ([E·rows_per_expert, ...]); blocks with expert −1 do nothing, so the
     launch size is fixed (CUDA graphs) while the routing decides the work. block_n, num_warps, num_stages
-    override the defaults (benchmarks/moe_configs.py sweeps them)."""
-    n = out.shape[1]
+    override the defaults (benchmarks/moe_configs.py sweeps them). k_split (a multiple of BLOCK_K) splits K:
+    out is then float32 [splits, rows, 2N (SiLU) or N] of raw sums (see _moe_tiles)."""
     k = x.shape[1]
+    k_split = k_split or k
+    splits = triton.cdiv(k, k_split)
+    split = out.dim() == 3
+    if split != (splits > 1) and not (split and act == "none"):
+        raise ValueError(f"moe_tiles: out {tuple(out.shape)} does not fit {splits} K splits")
+    n = out.shape[-1] // (2 if split and act == "silu" else 1)
     dummy = col_scale
     block_n = block_n or (64 if n <= 4096 else 128)
     if num_stages is None:
         num_stages = 2 if act == "silu" else 3  # two weight tiles: SM12x's 99 KB
-    grid = (block_expert.numel(), triton.cdiv(n, block_n))
+    grid = (block_expert.numel(), triton.cdiv(n, block_n), splits)
     _moe_tiles[grid](
         x, sorted_slots, block_expert, block_start, block_rows, weight, dummy if scales is None else scales,
         dummy if grid_table is None else grid_table, dummy if sign_table is None else sign_table, col_scale, out,
-        n, k, top_k, rows_per_expert,
-        FMT=_CODE[fmt], GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages,
+        n, k, top_k, rows_per_expert, out.shape[-2], k_split,
+        FMT=_CODE[fmt], GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, SPLIT=split, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
