@@ -2,12 +2,13 @@
 weights), every MoE format × its activation formats.
 
     python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,2,4,8,16,64,512,4096]
+        [--cases MXFP4:bf16,NVFP4:nvfp4,...]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
 H=2880, I=2880), dsv3 = DeepSeek-V3-like (E=256, top-8, H=7168, I=2048). Routing: random logits, renormalised
-top-k. b12x times are CUDA-graph replays (median of 100; two prepared copies alternate, so for the small
-shapes the weights are not all L2-resident); the bf16 reference loops over touched experts on the host, so it
-is timed with events around eager calls. At T=1 the bandwidth floor counts the bytes of the touched experts'
+top-k. Both are timed as CUDA-graph replays (median of 100): b12x with two prepared copies alternating, so for
+the small shapes the weights are not all L2-resident; the bf16 reference loops over the touched experts, its
+token lists read from the routing before capture. At T=1 the bandwidth floor counts the bytes of the touched experts'
 weights (FORMATS.md) against the device copy bandwidth measured in the same run; at large T, TFLOP/s counts
 the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16 on a [4096, H] × [2I, H] GEMM measured in the same run.
 """
@@ -16,36 +17,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from decode_linear import copy_bandwidth, random_weight, time_graph
 
 import b12x_core as bc
+import b12x_formats as bf
 from b12x_core.moe import MOE_FORMATS
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
 
 
-def time_events(fn, reps: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
+def expert_groups(ids) -> list:
+    """(expert, token rows, slot columns) of each touched expert: the routing, read once outside the timing."""
+    return [(e, *(ids == e).nonzero(as_tuple=True)) for e in torch.unique(ids).tolist()]
 
 
-def bf16_moe(x, weights, ids, w13, w2, inter):
-    """Per touched expert: gate/up F.linear, SiLU·up, down F.linear, weighted scatter-add."""
+def bf16_moe(x, weights, groups, w13, w2, inter):
+    """Per touched expert: gate/up F.linear, SiLU·up, down F.linear, weighted scatter-add (graph-capturable)."""
     y = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(ids).tolist():
-        tokens, slots = (ids == e).nonzero(as_tuple=True)
+    for e, tokens, slots in groups:
         h = F.linear(x[tokens], w13[e])
         a = F.silu(h[:, :inter]) * h[:, inter:]
         y.index_add_(0, tokens, F.linear(a, w2[e]).float() * weights[tokens, slots, None])
@@ -63,7 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3,gptoss,dsv3")
     parser.add_argument("--ts", default="1,2,4,8,16,64,512,4096")
-    parser.add_argument("--formats", default=",".join(MOE_FORMATS))
+    parser.add_argument("--cases", default=",".join(f"{f}:{a}" for f, acts in MOE_FORMATS.items() for a in acts),
+                        help="format:activation pairs")  # fmt: skip
     parser.add_argument("--out", default="moe.json")
     parser.add_argument("--png", default="moe.png")
     args = parser.parse_args()
@@ -81,10 +75,14 @@ def main() -> None:
         t_dense = time_graph(lambda i: F.linear(a, w13_bf16[i]), 2)  # cuBLAS bf16 rate on this shape
         dense_tflops = dense_flops / t_dense / 1e6
         print(f"## {shape}: E={e} top-{k} H={h} I={inter}; cuBLAS bf16 {dense_tflops:.0f} TFLOP/s")
-        for fmt in args.formats.split(","):
+        cases = [case.split(":") for case in args.cases.split(",")]
+        for fmt in dict.fromkeys(f for f, _ in cases):
             w13 = random_weight(fmt, 2 * inter, h, (e,))
             w2 = random_weight(fmt, h, inter, (e,))
-            for act in MOE_FORMATS[fmt]:
+            for act in (a for f, a in cases if f == fmt):
+                if act == "nvfp4":  # the checkpoint's per-expert activation scale
+                    scale = {"input_scale": np.full(e, 0.01, np.float32)}
+                    w13, w2 = (bf.QuantizedWeight.from_tensors(fmt, {**w.tensors, **scale}) for w in (w13, w2))
                 try:
                     preps = [bc.prepare_moe(w13, w2, max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
                              for _ in range(2)]  # fmt: skip
@@ -95,7 +93,8 @@ def main() -> None:
                     x = torch.randn(t, h, dtype=torch.bfloat16, device="cuda")
                     weights, ids = bc.route_topk(torch.randn(t, e, device="cuda"), k)
                     us = time_graph(lambda i: bc.moe(x, weights, ids, preps[i]), 2)
-                    ref_us = time_events(lambda: bf16_moe(x, weights, ids, w13_bf16, w2_bf16, inter))
+                    groups = expert_groups(ids)
+                    ref_us = time_graph(lambda i: bf16_moe(x, weights, groups, w13_bf16, w2_bf16, inter), 1)
                     touched = int(torch.unique(ids).numel())
                     nbytes = expert_bytes(preps[0], touched)
                     flops = 2 * t * k * (2 * inter * h + h * inter)

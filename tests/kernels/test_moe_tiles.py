@@ -168,17 +168,22 @@ def test_interpreted_moe_splits_k(rng, monkeypatch, fmt, act_format, activation,
 
 
 def test_warm_compiles_every_configuration_a_call_can_pick(monkeypatch):
+    monkeypatch.setattr(moe_path, "_sms", lambda device: 132)  # the H200's: decode-sized calls split K
     for smem in (99, 228):
         monkeypatch.setattr(moe_path, "_smem_kb", lambda device, smem=smem: smem)
-        p = SimpleNamespace(max_tokens=3000, top_k=8, experts=128, activation="silu", device="cpu", hidden=64,
-                            intermediate=32)  # fmt: skip
+        p = SimpleNamespace(max_tokens=3000, top_k=8, experts=128, activation="silu", device=torch.device("cpu"),
+                            hidden=2048, intermediate=768)  # fmt: skip
         called = []
         monkeypatch.setattr(moe_path, "moe_tiles", lambda x, w, ids, p, called=called: called.append(x.shape[0]))
         monkeypatch.setattr(moe_path, "reserve_scratch", lambda p: None)
         moe_path.warm(p)
-        warmed = {str(moe_path.configs(p, t)) for t in called}
-        assert len(warmed) == 3 if smem == 228 else 2
-        assert all(str(moe_path.configs(p, t)) in warmed for t in range(1, p.max_tokens + 1))
+
+        def kernels(t, p=p):
+            return str(moe_path.configs(p, t)), moe_path.splits(p, t)[1] > 1
+
+        warmed = {kernels(t) for t in called}
+        assert len({c for c, _ in warmed}) == (3 if smem == 228 else 2) and {s for _, s in warmed} == {True, False}
+        assert all(kernels(t) in warmed for t in range(1, p.max_tokens + 1))
 
 
 @pytest.mark.gpu

@@ -11,10 +11,17 @@ bit-identical).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from .tile_path import bf16_valued
+
+
+def decode_kernels() -> bool:
+    """B12X_MOE_DECODE_KERNELS=0 turns off the routing kernel and split-K (an escape hatch: torch ops and whole-K
+    GEMMs compute the same result)."""
+    return os.environ.get("B12X_MOE_DECODE_KERNELS", "1") != "0"
 
 
 @functools.cache
@@ -40,7 +47,7 @@ def k_split(p, tokens: int, cfg: dict, n: int, k: int) -> int:
     from b12x_kernels import tiles
 
     steps = -(-k // tiles.BLOCK_K)
-    if cfg["block_m"] > 16:
+    if cfg["block_m"] > 16 or not decode_kernels():
         return steps * tiles.BLOCK_K
     programs = min(tokens * p.top_k, p.experts) * -(-n // cfg["block_n"])
     want = min(steps, max(1, -(-8 * _sms(p.device) // programs)))
@@ -60,13 +67,11 @@ def configs(p, tokens: int) -> tuple[dict, dict]:
 
 
 def regime_tokens(p) -> list[int]:
-    """One token count per configuration a call up to max_tokens can pick (warm compiles each)."""
-    from b12x_kernels import tiles
-
-    smem = _smem_kb(p.device)
+    """One token count per set of kernels a call up to max_tokens can launch: tile configuration, and whether
+    the gate/up GEMM splits K (another kernel variant, plus the split epilogue). warm compiles each."""
     seen, counts = set(), []
     for tokens in range(1, p.max_tokens + 1):
-        key = tuple(sorted(tiles.moe_config(tokens * p.top_k / p.experts, p.activation, smem).items()))
+        key = (str(configs(p, tokens)), splits(p, tokens)[1] > 1)
         if key not in seen:
             seen.add(key)
             counts.append(tokens)
@@ -78,7 +83,7 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int):
     one Triton launch for decode-sized calls, torch ops (a parallel sort) past MAX_SLOTS."""
     from b12x_kernels import moe_route
 
-    if ids.numel() > moe_route.MAX_SLOTS:
+    if ids.numel() > moe_route.MAX_SLOTS or not decode_kernels():
         return block_table_torch(ids, experts, rows_per_block)
     most = -(-ids.numel() // rows_per_block) + experts
     order = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)

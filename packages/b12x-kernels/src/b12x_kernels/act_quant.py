@@ -41,7 +41,7 @@ def _round_e2m1(v):
     return tl.where(v < 0, -r, r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every batch size
 def _quantize(x_ptr, out_ptr, M, K, global_scale, MODE: tl.constexpr, GROUP: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -89,7 +89,7 @@ def _e4m3_code(r):
     return (code | tl.where(r < 0, 128, 0)).to(tl.uint8)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_K: tl.constexpr):  # fmt: skip
     """MODE 0: static per-tensor scale; 1: per token (scale_ptr [M]); 2: per token × 128 (scale_ptr [M, ⌈K/128⌉],

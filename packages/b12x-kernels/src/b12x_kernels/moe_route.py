@@ -11,7 +11,7 @@ MAX_SLOTS = 1024  # one program walks the slots in chunks; past this the torch o
 _CHUNK = 32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SLOTS", "MOST", "BM"])  # one compile for every T
 def _moe_route(ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, SLOTS, E, MOST, BM,
                EB: tl.constexpr, CH: tl.constexpr):  # fmt: skip
     """One program. ids [SLOTS] -> order [SLOTS] (slot at each sorted position) and, per block b < MOST, its

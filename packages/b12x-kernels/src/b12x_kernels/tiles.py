@@ -122,7 +122,7 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
         return tl.reshape(v, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every batch size (CUDA graphs capture many)
 def _linear_tiles(
     x_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, row_scale_ptr, x_group_ptr, bias_ptr, y_ptr,
     M, N, K,
@@ -252,7 +252,7 @@ def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=Non
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TOP_K", "Y_ROWS", "K_SPLIT"])  # one compile for every T
 def _moe_tiles(
     x_ptr, sorted_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr,
     col_scale_ptr, y_ptr, N, K, TOP_K, ROWS_PER_EXPERT, Y_ROWS, K_SPLIT,
@@ -336,7 +336,7 @@ def moe_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
     return dict(block_m=128, block_n=64, num_warps=4, num_stages=2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS", "SPLITS"])
 def _moe_activate(part_ptr, y_ptr, ROWS, N, SPLITS, ACT: tl.constexpr, UP_FIRST: tl.constexpr,
                   BLOCK: tl.constexpr):  # fmt: skip
     """The split gate/up GEMM's epilogue: add the splits' float32 sums in order, apply SiLU·up or ReLU²."""
@@ -370,7 +370,7 @@ def moe_activate(partials, y, act: str, up_first: bool):
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TOP_K", "SPLITS", "SLOTS"])
 def _moe_combine(out_ptr, weights_ptr, y_ptr, H, TOP_K, SPLITS, SLOTS, BLOCK_H: tl.constexpr):
     """y[t] = Σ_j weights[t, j] · Σ_s out[s, t·TOP_K + j] in float32, j and s in order (deterministic), to bf16."""
     t = tl.program_id(0)
