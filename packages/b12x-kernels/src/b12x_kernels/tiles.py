@@ -252,7 +252,7 @@ def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=Non
     return out
 
 
-@triton.jit(do_not_specialize=["TOP_K", "Y_ROWS", "K_SPLIT"])  # one compile for every T
+@triton.jit(do_not_specialize=["TOP_K", "Y_ROWS"])  # one compile for every T
 def _moe_tiles(
     x_ptr, sorted_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr,
     col_scale_ptr, y_ptr, N, K, TOP_K, ROWS_PER_EXPERT, Y_ROWS, K_SPLIT,
@@ -289,7 +289,8 @@ def _moe_tiles(
     total_rows = (expert + 1) * ROWS_PER_EXPERT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = tl.program_id(2) * K_SPLIT
+    # a multiple of BLOCK_K: the compiler must know it to keep 16-byte (and cp.async) loads along K
+    k_lo = tl.multiple_of(tl.program_id(2) * K_SPLIT, BLOCK_K)
     for k0 in range(k_lo, tl.minimum(k_lo + K_SPLIT, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + x_rows[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
