@@ -240,3 +240,15 @@ def test_gpu_moe_addresses_expert_bytes_past_2_gib(rng, t):
     last = [bf.QuantizedWeight.from_tensors("Q8_0", {"weight": w.tensors["weight"][-2:]}) for w in (w13, w2)]
     ref = bf16_weights(bc.prepare_moe(*last, max_tokens=t, top_k=2))
     close(y.cpu(), moe_reference(x, weights, local, ref))
+
+
+def test_escape_hatch_turns_off_routing_kernel_and_split_k(rng, monkeypatch):
+    monkeypatch.setattr(moe_path, "_sms", lambda device: 132)
+    p = SimpleNamespace(top_k=8, experts=128, hidden=2048, intermediate=768, activation="silu",
+                        device=torch.device("cpu"), max_tokens=4)  # fmt: skip
+    assert moe_path.splits(p, 1)[1] > 1
+    monkeypatch.setenv("B12X_MOE_DECODE_KERNELS", "0")
+    assert moe_path.splits(p, 1) == (2048, 1, 768, 1)
+    ids = bc.route_topk(torch.from_numpy(rng.standard_normal((3, 128)).astype(np.float32)), 8)[1]
+    torch_ops = moe_path.block_table_torch(ids, 128, 16)
+    assert all(torch.equal(a, b) for a, b in zip(moe_path.block_table(ids, 128, 16), torch_ops, strict=True))
