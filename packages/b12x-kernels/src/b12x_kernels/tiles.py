@@ -329,7 +329,9 @@ MOE_ACT = {"none": 0, "silu": 1, "relu2": 2}
 def moe_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
     """Tile sizes of a grouped GEMM, from the mean rows per expert (measured on the H200 with
     benchmarks/moe_configs.py; docs/performance.md). Decode: 16-row blocks, narrow 32-column tiles (more CTAs
-    stream weights); prefill: 128-row blocks where shared memory holds them (SM12x's 99 KB does not)."""
+    stream weights); prefill: 128-row blocks on parts with the H200's shared memory. SM12x (99 KB) keeps 64-row
+    blocks until measured there: the 128-row tiles fit (64 KB, tests/kernels/compile_targets.py) but leave
+    one block per SM."""
     if rows_per_expert <= 8:
         return dict(block_m=16, block_n=32, num_warps=4, num_stages=3 if act == "silu" else 4)
     if rows_per_expert <= 64 or smem_kb < 160:
