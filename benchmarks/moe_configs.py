@@ -60,12 +60,13 @@ def sweep_stage(stage: str, fmt: str, preps, x, ids, top_k: int) -> list[dict]:
             def call(i, cfg=cfg, table=table):
                 p = preps[i]
                 if stage == "w13":
-                    tw, out = p.tiles13, torch.empty(t * top_k, p.intermediate, dtype=torch.bfloat16, device="cuda")
-                    kw = dict(rows_per_expert=tw.weight.shape[0] // p.experts, gather=True, act="silu", a=x)
+                    tw, a = p.tiles13, x
+                    out = torch.empty(t * top_k, p.intermediate, dtype=torch.bfloat16, device="cuda")
+                    kw = dict(rows_per_expert=tw.weight.shape[0] // p.experts, gather=True, act="silu")
                 else:
-                    tw, out = p.tiles2, torch.empty(t * top_k, p.hidden, dtype=torch.float32, device="cuda")
-                    kw = dict(rows_per_expert=p.hidden, gather=False, act="none", a=inter)
-                a = kw.pop("a")
+                    tw, a = p.tiles2, inter
+                    out = torch.empty(t * top_k, p.hidden, dtype=torch.float32, device="cuda")
+                    kw = dict(rows_per_expert=p.hidden, gather=False, act="none")
                 tiles.moe_tiles(fmt, a, *table, tw.weight, tw.scales, tw.col_scale, out, top_k=top_k,
                                 grid_table=tw.grid, sign_table=tw.signs, **kw, **cfg)  # fmt: skip
 

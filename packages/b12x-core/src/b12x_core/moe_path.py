@@ -112,19 +112,21 @@ def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
     return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
-def splits(p, tokens: int) -> tuple[int, int, int, int]:
-    """-> (K columns per split, splits) of the gate/up GEMM, then of the down GEMM, for `tokens` tokens."""
-    first, second = configs(p, tokens)
+def splits(p, tokens: int, cfgs: tuple[dict, dict] | None = None) -> tuple[int, int, int, int]:
+    """-> (K columns per split, splits) of the gate/up GEMM, then of the down GEMM, for `tokens` tokens
+    (`cfgs`: configs(p, tokens) where the caller has them)."""
+    first, second = cfgs or configs(p, tokens)
     split13 = k_split(p, tokens, first, p.intermediate, p.hidden)
     split2 = k_split(p, tokens, second, p.hidden, p.intermediate)
     return split13, -(-p.hidden // split13), split2, -(-p.intermediate // split2)
 
 
-def scratch_specs(p, tokens: int) -> list:
+def scratch_specs(p, tokens: int, split: tuple[int, int, int, int] | None = None) -> list:
     """The temporaries of a call with `tokens` tokens: quantized x, the gate/up GEMM's float32 split sums
-    (none when K is whole), the intermediate and its quantized copy, the down GEMM's float32 slot rows per split."""
+    (none when K is whole), the intermediate and its quantized copy, the down GEMM's float32 slot rows per split
+    (`split`: splits(p, tokens) where the caller has it)."""
     slots = tokens * p.top_k
-    _, splits13, _, splits2 = splits(p, tokens)
+    _, splits13, _, splits2 = split or splits(p, tokens)
     width13 = 2 * p.intermediate if p.activation == "silu" else p.intermediate
     return [((tokens, p.hidden), torch.bfloat16), ((splits13 if splits13 > 1 else 0, slots, width13), torch.float32),
             ((slots, p.intermediate), torch.bfloat16), ((slots, p.intermediate), torch.bfloat16),
@@ -137,10 +139,11 @@ def moe_tiles(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     from . import scratch
 
     t, k = topk_ids.shape
-    first, second = configs(p, t)
+    first, second = cfgs = configs(p, t)
+    split = splits(p, t, cfgs)
+    split13, splits13, split2, _ = split
     order, block_expert, start, rows = block_table(topk_ids, p.experts, first["block_m"])
-    x_q, partial13, inter, inter_q, out = scratch.carve(x.device, scratch_specs(p, t))
-    split13, splits13, split2, _ = splits(p, t)
+    x_q, partial13, inter, inter_q, out = scratch.carve(x.device, scratch_specs(p, t, split))
     w13 = p.tiles13
     up_first = p.w13_order == "up_gate"
     tiles.moe_tiles(
