@@ -26,4 +26,33 @@ cudaError_t gemv_elem(int format, const uint8_t* w, const uint8_t* scales, float
 cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64, __nv_bfloat16* out, int T,
                            int V, int H, cudaStream_t stream);
 
+// Tensor-core mixed-input GEMM (mma_gemm.cu) over weights repacked by b12x_core/mma_layout.py.
+enum MmaFormat : int {
+  kMmaFP8 = 0, kMmaFP8_BLOCK = 1, kMmaMXFP8 = 2, kMmaNVFP4 = 3, kMmaMXFP4 = 4,
+  kMmaQ8_0 = 5, kMmaIQ2_XXS = 6, kMmaIQ2_XS = 7,
+};
+
+struct MmaArgs {
+  int format;
+  const uint8_t* codes;       // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
+  const uint8_t* meta;        // per (row, chunk) block-scale bytes, row-blocked; null for FP8 / FP8_BLOCK
+  const uint8_t* meta2;       // IQ2_XS: sub-block scale bytes per (row, chunk)
+  const float* block_scale;   // FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
+  const uint32_t* tables;     // IQ2: grid nibble codes, then 128 sign nibble masks
+  float alpha;                // per-tensor scale of the result
+  const __nv_bfloat16* x;     // [M, K] (row stride K), 16-byte aligned
+  const __nv_bfloat16* bias;  // [N] or null
+  __nv_bfloat16* y;           // y[m * ldy + n]
+  int ldy, M, N, K;
+  int chunks;                 // K chunks in the repacked weight (K padded to mma_chunk_k)
+  int mt;                     // token tile = 8 * mt tokens (1, 2 or 4)
+  int splits;                 // K splits; > 1 needs partials and tickets
+  float* partials;            // fp32 [splits, M, N]
+  int* tickets;               // int [ceil(N/128) * ceil(M/(8*mt))], zero at rest (the kernel leaves it zero)
+};
+
+// K elements per chunk for a format (0 if unknown).
+int mma_chunk_k(int format);
+cudaError_t mma_gemm(const MmaArgs& args, cudaStream_t stream);
+
 }  // namespace b12x

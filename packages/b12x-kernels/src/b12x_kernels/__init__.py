@@ -59,5 +59,33 @@ def gemv_elem(
     _C.gemv_elem(ELEM_FORMAT_IDS[fmt], w, scales, tensor_scale, x, bias, y, ldy, m, n, k, stream)
 
 
+def mma_gemm(
+    fmt_id: int,
+    codes: int,
+    meta: int,
+    meta2: int,
+    block_scale: int,
+    tables: int,
+    alpha: float,
+    x: int,
+    bias: int,
+    y: int,
+    ldy: int,
+    m: int,
+    n: int,
+    k: int,
+    chunks: int,
+    mt: int,
+    splits: int,
+    partials: int,
+    tickets: int,
+    stream: int,
+) -> None:
+    """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
+    = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt) and `splits` (K splits) are the caller's choice."""
+    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, x, bias, y, ldy, m, n, k, chunks, mt, splits,
+                partials, tickets, stream)  # fmt: skip
+
+
 def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:
     _C.embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)

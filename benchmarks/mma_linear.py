@@ -1,0 +1,177 @@
+"""The tensor-core mixed-input GEMM per decoder layer: the four linears of a Llama-3.1-70B layer (qkv 10240×8192,
+o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, beside bf16 F.linear and fp8
+torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
+
+    python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
+
+Method (decode_linear.py's): one CUDA graph runs the layer on each of several weight copies (together more than
+4× L2, so weights come from HBM), replayed many times between CUDA events; per-layer time = median replay
+time / copies. Weights are random valid codes written straight into the kernel's layout (quantizing 855 M
+weights on the host would take minutes; the kernel's time does not depend on the values). `--sweep` also times
+every token tile × K split at each M and reports the best beside the default configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from decode_linear import copies_for, copy_bandwidth, time_graph
+
+import b12x_formats as bf
+from b12x_core import mma_layout, mma_path
+
+LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
+FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
+MS = "1,2,4,8,16,32,64,128,256,512,1024"
+
+
+def random_shard(fmt: str, n: int, k: int) -> mma_path.MmaShard:
+    """Random valid codes and scales in the kernel's layout (E4M3 codes without NaN, scales near 1, IQ2 d=0.01)."""
+    ck = mma_layout.chunk_k(fmt)
+    chunks, n16 = -(-k // ck), -(-n // 16)
+    codes = torch.randint(0, 256, (n16 * chunks * 1024,), dtype=torch.uint8, device="cuda")
+    spec = bf.spec(fmt)
+    if spec.packing != "ggml" and spec.bits_per_weight >= 8:
+        codes &= 0xF7  # no E4M3 NaN (0x7F / 0xFF)
+    meta = meta2 = block_scale = tables = None
+    rows = n16 * 16 * chunks
+
+    def fp16_bytes(count):
+        return torch.from_numpy(np.full(count, 0.01, np.float16).view(np.uint8)).to("cuda")
+
+    if fmt in ("MXFP8", "MXFP4"):
+        meta = torch.randint(120, 136, (rows * ck // 32,), dtype=torch.uint8, device="cuda")
+    elif fmt == "NVFP4":
+        meta = torch.randint(0x30, 0x40, (rows * ck // 16,), dtype=torch.uint8, device="cuda")
+    elif fmt == "Q8_0":
+        meta = fp16_bytes(rows * 2)
+    elif fmt.startswith("IQ2"):
+        meta = fp16_bytes(rows)
+        tables = torch.from_numpy(mma_layout.iq2_tables(fmt).view(np.int32)).to("cuda")
+        if fmt == "IQ2_XS":
+            meta2 = torch.randint(0, 256, (rows * 8,), dtype=torch.uint8, device="cuda")
+    elif fmt == "FP8_BLOCK":
+        block_scale = torch.full((-(-n // 128), -(-k // 128)), 0.01, device="cuda")
+    return mma_path.MmaShard(fmt, mma_layout.FORMAT_IDS[fmt], 0, n, k, chunks, codes, meta, meta2, block_scale,
+                             tables, 0.01)  # fmt: skip
+
+
+def shard_bytes(s: mma_path.MmaShard) -> int:
+    return sum(t.numel() * t.element_size() for t in (s.codes, s.meta, s.meta2, s.block_scale) if t is not None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", default=FORMATS)
+    parser.add_argument("--ms", default=MS)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--replays", type=int, default=40)
+    parser.add_argument("--out", default="mma_linear.json")
+    parser.add_argument("--png", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = copy_bandwidth()
+    ms = [int(m) for m in args.ms.split(",")]
+    layer_params = sum(n * k for _, n, k in LLAMA70B)
+    print(f"# {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-70B layer, {layer_params/1e6:.0f} M weights")
+
+    def layer_copies(make, nbytes):
+        return [[make(n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes))]
+
+    bf16 = layer_copies(lambda n, k: torch.randn(n, k, dtype=torch.bfloat16, device="cuda"), 2 * layer_params)
+    fp8 = [[w.to(torch.float8_e4m3fn) for w in layer] for layer in bf16[: copies_for(layer_params)]]
+    one = torch.ones((), device="cuda")
+    rows, base = [], {}
+    for m in ms:
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (8192, 28672)}
+        xq = {k: torch.randn(max(16, -(-m // 16) * 16), k, device="cuda").to(torch.float8_e4m3fn) for k in xs}
+        t_bf16 = time_graph(lambda i: [F.linear(xs[w.shape[1]], w) for w in bf16[i]], len(bf16), args.replays)
+        t_fp8 = time_graph(
+            lambda i: [torch._scaled_mm(xq[w.shape[1]], w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                       for w in fp8[i]], len(fp8), args.replays)  # fmt: skip
+        base[m] = (t_bf16, t_fp8)
+        for name, t, nbytes in (("bf16 F.linear", t_bf16, 2 * layer_params), ("fp8 _scaled_mm", t_fp8, layer_params)):
+            rows.append(dict(m=m, format=name, config="", us=t, gbs=nbytes / t / 1e3, speedup_bf16=t_bf16 / t))
+            print(f"M={m:<5} {name:<16} {t:9.1f} µs  {nbytes / t / 1e3:6.0f} GB/s  {t_bf16 / t:5.2f}x bf16", flush=True)
+    del bf16, fp8
+    torch.cuda.empty_cache()
+
+    for fmt in args.formats.split(","):
+        one_layer = [random_shard(fmt, n, k) for _, n, k in LLAMA70B]
+        nbytes = sum(shard_bytes(s) for s in one_layer)
+        layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes) - 1)]
+        for m in ms:
+            xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (8192, 28672)}
+            ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA70B}
+
+            def timed(configs):
+                wss = [mma_path.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs)]
+                stream = torch.cuda.current_stream().cuda_stream
+
+                def layer(i):
+                    for s, c, ws in zip(layers[i], configs, wss):
+                        mma_path.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
+
+                del stream
+                return time_graph(layer, len(layers), args.replays)
+
+            defaults = [mma_path.default_config(m, s.n, s.chunks, sms) for s in one_layer]
+            t = timed(defaults)
+            label = " ".join(f"{c.mt}/{c.splits}" for c in defaults)
+            results = [(t, label)]
+            if args.sweep:  # each linear's best configuration, varied one linear at a time
+                best = list(defaults)
+                for li, s in enumerate(one_layer):
+                    cands = [mma_path.MmaConfig(mt, sp) for mt in mma_path.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
+                             for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks]  # fmt: skip
+                    timings = []
+                    for c in cands:
+                        trial = list(best)
+                        trial[li] = c
+                        timings.append((timed(trial), c))
+                    best[li] = min(timings, key=lambda r: r[0])[1]
+                results.append((timed(best), "best " + " ".join(f"{c.mt}/{c.splits}" for c in best)))
+            t_bf16, t_fp8 = base[m]
+            for t, label in results:
+                row = dict(m=m, format=fmt, config=label, us=t, gbs=nbytes / t / 1e3, pct_copy=100 * nbytes / t / 1e3 / bw,
+                           speedup_bf16=t_bf16 / t, speedup_fp8=t_fp8 / t)  # fmt: skip
+                rows.append(row)
+                print(f"M={m:<5} {fmt:<16} {t:9.1f} µs  {row['gbs']:6.0f} GB/s ({row['pct_copy']:3.0f}%)  "
+                      f"{row['speedup_bf16']:5.2f}x bf16  {row['speedup_fp8']:5.2f}x fp8  [{label}]", flush=True)  # fmt: skip
+        del layers, one_layer
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "sms": sms, "rows": rows}, f, indent=1)
+    if args.png:
+        plot(rows, args.png)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    names = dict.fromkeys(r["format"] for r in rows)
+    for name in names:
+        pts = sorted((r["m"], r["speedup_bf16"]) for r in rows if r["format"] == name and not r["config"].startswith("best"))
+        ax.plot(*zip(*pts), marker="o", label=name, linestyle="--" if " " in name else "-")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens (M)")
+    ax.set_ylabel("speed-up over bf16 F.linear (same run)")
+    ax.set_title("Llama-3.1-70B decoder layer (4 linears), H200: b12x tensor-core GEMM")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The tensor-core GEMM's weight layout (b12x_kernels csrc/mma_gemm.cu): made once at prepare time from the
+checkpoint tensors, lossless (`unpack` gives the checkpoint bytes back) and no larger than them plus padding of
+N to 16 rows and K to one chunk.
+
+A *chunk* is the K span one warp reads per step: 64 weights for 8-bit codes, 128 for FP4, one 256-weight block
+for IQ2. Codes are stored as 1 KB tiles (16 rows × one chunk) in the order the kernel's lanes load them: tile
+(n16, c) holds two 512-byte halves (rows 0-7, rows 8-15); in a half, lane 4q+t reads 16 bytes = the t-th
+quarter of row q's chunk. Within those 16 bytes the codes are permuted so that each bf16x2 MMA operand comes
+out of a 32-bit word with shifts and masks (see `_permute_words`). Block scales (`meta`) are stored per
+(row, chunk) in the same row blocking: [n16][chunk][half][q][bytes], so a lane reads its row's scales of a chunk
+with one small load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import b12x_formats as bf
+from b12x_formats import tables
+
+# The kernel's format ids (csrc/kernels.h MmaFormat) and K elements per chunk.
+FORMAT_IDS = {
+    "FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4,
+    "Q8_0": 5, "IQ2_XXS": 6, "IQ2_XS": 7,
+}  # fmt: skip
+FORMATS = tuple(FORMAT_IDS)
+TILE_ROWS = 16
+LANE_BYTES = 16  # one 16-byte load per lane and row
+QUAD = 4  # lanes sharing a row
+FP16_BYTES = 2  # GGML's block scale d
+
+
+def chunk_k(fmt: str) -> int:
+    """K weights per chunk: one 16-byte load per lane, four lanes per row."""
+    spec = bf.spec(fmt)
+    if spec.packing == "ggml":
+        return spec.group_size if spec.group_size >= 256 else QUAD * LANE_BYTES
+    bits = 4 if spec.bits_per_weight < 8 else 8
+    return QUAD * LANE_BYTES * 8 // bits
+
+
+@dataclass
+class MmaWeight:
+    """A weight in the kernel's layout (numpy, host side; b12x_core uploads it)."""
+
+    format: str
+    n: int
+    k: int
+    chunks: int
+    codes: np.ndarray  # uint8, [ceil(N/16) * chunks * 1024]
+    meta: np.ndarray | None  # uint8 row-blocked scales
+    meta2: np.ndarray | None  # IQ2_XS: sub-block scales, row-blocked
+    block_scale: np.ndarray | None  # FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
+    alpha: float  # per-tensor factor of the result
+
+
+def _pad(a: np.ndarray, rows: int, cols: int, value: int = 0) -> np.ndarray:
+    out = np.full((rows, cols) + a.shape[2:], value, dtype=a.dtype)
+    out[: a.shape[0], : a.shape[1]] = a
+    return out
+
+
+def _tiles(code_bytes: np.ndarray, chunks: int) -> np.ndarray:
+    """[N, chunks*64] bytes (row-major) -> lane-ordered 1 KB tiles [n16, chunk, half, q, t, 16]."""
+    n16 = -(-code_bytes.shape[0] // TILE_ROWS)
+    b = _pad(code_bytes, n16 * TILE_ROWS, chunks * QUAD * LANE_BYTES)
+    b = b.reshape(n16, 2, 8, chunks, QUAD, LANE_BYTES)
+    return np.ascontiguousarray(b.transpose(0, 3, 1, 2, 4, 5)).reshape(-1)
+
+
+def _untiles(tiles: np.ndarray, n: int, chunks: int) -> np.ndarray:
+    n16 = -(-n // TILE_ROWS)
+    b = tiles.reshape(n16, chunks, 2, 8, QUAD, LANE_BYTES).transpose(0, 2, 3, 1, 4, 5)
+    return b.reshape(n16 * TILE_ROWS, chunks * QUAD * LANE_BYTES)[:n]
+
+
+def _rows_blocked(per_row_chunk: np.ndarray, chunks: int, pad_value: int) -> np.ndarray:
+    """[N, chunks, bytes] -> [n16, chunk, half, q, bytes] (a lane's row q + 8·half)."""
+    n, _, nbytes = per_row_chunk.shape
+    n16 = -(-n // TILE_ROWS)
+    b = _pad(per_row_chunk, n16 * TILE_ROWS, chunks, pad_value).reshape(n16, 2, 8, chunks, nbytes)
+    return np.ascontiguousarray(b.transpose(0, 3, 1, 2, 4)).reshape(-1)
+
+
+def _unrows_blocked(blocked: np.ndarray, n: int, chunks: int, nbytes: int) -> np.ndarray:
+    n16 = -(-n // TILE_ROWS)
+    b = blocked.reshape(n16, chunks, 2, 8, nbytes).transpose(0, 2, 3, 1, 4)
+    return b.reshape(n16 * TILE_ROWS, chunks, nbytes)[:n]
+
+
+# Byte / nibble permutations inside each 32-bit word of a lane's 16 bytes (all involutions or inverted below).
+# E4M3: [e0 e1 e2 e3] -> [e0 e2 e1 e3]: pair (e0,e1) sits at bytes 0 and 2, pair (e2,e3) at 1 and 3, so one
+# mask per pair lines both up with the two bf16 halves.
+# E2M1: nibbles [e0..e7] -> [e0 e2 e4 e6 e1 e3 e5 e7]: pair p's nibbles at p and p+4 (bits 4p and 16+4p).
+def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> np.ndarray:
+    spec = bf.spec(fmt)
+    words = code_bytes.reshape(code_bytes.shape[0], -1, 4)
+    if spec.packing == "ggml":
+        return code_bytes ^ np.uint8(0x80) if spec.name == "Q8_0" else code_bytes  # Q8_0: offset binary
+    if spec.bits_per_weight >= 8:
+        return np.ascontiguousarray(words[..., [0, 2, 1, 3]]).reshape(code_bytes.shape)
+    w = words.view("<u4")[..., 0].astype(np.uint32)
+    nibbles = [(w >> (4 * i)) & 0xF for i in range(8)]
+    order = [0, 2, 4, 6, 1, 3, 5, 7]  # new nibble j holds old nibble order[j]
+    out = np.zeros_like(w)
+    for j, i in enumerate(order):
+        if inverse:
+            out |= nibbles[j] << np.uint32(4 * i)
+        else:
+            out |= nibbles[i] << np.uint32(4 * j)
+    return out.astype("<u4").view(np.uint8).reshape(code_bytes.shape)
+
+
+def _ggml_fields(spec) -> tuple[int, int, int]:
+    """(code bytes, extra scale bytes) of one GGML block after its fp16 d: Q8_0 32 codes; IQ2 64 code bytes
+    (grid/sign indices), IQ2_XS then its 8 sub-block scale bytes."""
+    code = spec.group_size if spec.name == "Q8_0" else spec.group_size // 4
+    return FP16_BYTES, code, spec.block_bytes - FP16_BYTES - code
+
+
+def _per_tensor(tensors: dict, name: str) -> float:
+    return float(np.asarray(tensors[name], dtype=np.float32).reshape(-1)[0]) if name in tensors else 1.0
+
+
+def pack(qw: bf.QuantizedWeight) -> MmaWeight:
+    """Checkpoint tensors of one [N, K] weight -> the kernel's layout."""
+    spec = bf.spec(qw.format)
+    if spec.name not in FORMAT_IDS or len(qw.shape) != 2:
+        raise ValueError(f"the tensor-core GEMM takes [N, K] weights of {sorted(set(FORMAT_IDS))}, got {qw}")
+    n, k = qw.shape
+    t = qw.tensors
+    ck = chunk_k(spec.name)
+    chunks = -(-k // ck)
+    meta = meta2 = block_scale = None
+    alpha = 1.0
+    if spec.packing == "ggml":
+        per_chunk = ck // spec.group_size  # Q8_0: two blocks per chunk; IQ2: one
+        blocks = np.ascontiguousarray(t["weight"]).view(np.uint8).reshape(n, -1, spec.block_bytes)
+        blocks = _pad(blocks, n, chunks * per_chunk)  # zero d: the padded weights are zero
+        d_bytes, code_bytes, extra = _ggml_fields(spec)
+        codes = blocks[:, :, d_bytes : d_bytes + code_bytes].reshape(n, -1)
+        meta = _rows_blocked(blocks[:, :, :d_bytes].reshape(n, chunks, -1), chunks, 0)
+        if extra:
+            meta2 = _rows_blocked(blocks[:, :, d_bytes + code_bytes :].reshape(n, chunks, -1), chunks, 0)
+        codes = _permute_words(codes, spec.name)
+    else:
+        codes = np.ascontiguousarray(t["weight"]).view(np.uint8).reshape(n, -1)
+        codes = _permute_words(_pad(codes, n, chunks * QUAD * LANE_BYTES), spec.name)
+        if spec.name in ("MXFP8", "MXFP4", "NVFP4", "W4A16_NVFP4"):
+            scales = np.ascontiguousarray(t["weight_scale"]).view(np.uint8).reshape(n, -1)
+            per_chunk = ck // spec.group_size
+            pad_value = 127 if spec.name.startswith("MX") else 0  # E8M0 1.0 / E4M3 0 under zero codes
+            scales = _pad(scales, n, chunks * per_chunk, pad_value).reshape(n, chunks, per_chunk)
+            meta = _rows_blocked(scales, chunks, pad_value)
+        if spec.name == "FP8_BLOCK":
+            block_scale = np.ascontiguousarray(t["weight_scale_inv"], dtype=np.float32)
+        if spec.name == "FP8":
+            alpha = _per_tensor(t, "weight_scale")
+        elif "NVFP4" in spec.name:
+            alpha = _per_tensor(t, "weight_scale_2")
+    return MmaWeight(spec.name, n, k, chunks, _tiles(codes, chunks), meta, meta2, block_scale, alpha)
+
+
+def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:
+    """The checkpoint's block/code bytes back from the layout (the bijectivity check): {"weight": uint8 bytes
+    as stored in the checkpoint, "weight_scale": uint8 bytes (MX/NVFP4)}."""
+    spec = bf.spec(mw.format)
+    ck = chunk_k(spec.name)
+    row_bytes = mw.chunks * QUAD * LANE_BYTES
+    codes = _permute_words(_untiles(mw.codes, mw.n, mw.chunks), spec.name, inverse=True)
+    k_bytes = mw.k * row_bytes // (mw.chunks * ck)
+    out = {}
+    if spec.packing == "ggml":
+        nblocks, per_chunk = mw.k // spec.group_size, ck // spec.group_size
+        d_bytes, code_bytes, extra = _ggml_fields(spec)
+        d = _unrows_blocked(mw.meta, mw.n, mw.chunks, d_bytes * per_chunk).reshape(mw.n, -1, d_bytes)
+        parts = [d[:, :nblocks], codes[:, :k_bytes].reshape(mw.n, nblocks, code_bytes)]
+        if extra:
+            parts.append(_unrows_blocked(mw.meta2, mw.n, mw.chunks, extra)[:, :nblocks])
+        out["weight"] = np.concatenate(parts, axis=-1)
+        return out
+    out["weight"] = np.ascontiguousarray(codes[:, :k_bytes])
+    if mw.meta is not None:
+        per_chunk = ck // spec.group_size
+        scales = _unrows_blocked(mw.meta, mw.n, mw.chunks, per_chunk).reshape(mw.n, -1)
+        out["weight_scale"] = np.ascontiguousarray(scales[:, : mw.k // spec.group_size])
+    return out
+
+
+def iq2_tables(fmt: str) -> np.ndarray:
+    """uint32 [grid entries + 128]: each grid entry's 8 values as nibble codes (8 -> 0, 25 -> 1, 43 -> 2),
+    then each 7-bit sign index's 8 signs as bit 2 of each nibble (the kernel ORs the two into PRMT selectors)."""
+    grid = tables.iq2xxs_grid() if fmt == "IQ2_XXS" else tables.iq2xs_grid()
+    grid = np.asarray(grid, dtype=np.uint8).reshape(-1, 8)
+    values = np.unique(grid)
+    if values.tolist() != [8, 25, 43]:
+        raise AssertionError(f"unexpected IQ2 grid values {values.tolist()}")
+    codes = np.searchsorted(values, grid).astype(np.uint32)
+    grid_words = np.zeros(len(grid), dtype=np.uint32)
+    for j in range(8):
+        grid_words |= codes[:, j] << np.uint32(4 * j)
+    signs = tables.ksigns_iq2xs().astype(np.uint32)
+    sign_words = np.zeros(128, dtype=np.uint32)
+    for j in range(8):
+        sign_words |= ((signs >> np.uint32(j)) & 1) << np.uint32(4 * j + 2)
+    return np.concatenate([grid_words, sign_words])

@@ -1,0 +1,104 @@
+"""The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) as a linear path: weights repacked once by
+mma_layout, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
+carry their own per-tensor scales). Its configuration (token tile, K splits) is an argument: the caller chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import b12x_formats as bf
+
+from . import mma_layout
+
+ROWS_PER_CTA = 128  # csrc/mma_gemm.cu: 8 warps × 16 rows
+TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
+
+
+@dataclass
+class MmaShard:
+    format: str
+    fmt_id: int
+    row: int  # first output row of the shard
+    n: int
+    k: int
+    chunks: int
+    codes: torch.Tensor
+    meta: torch.Tensor | None
+    meta2: torch.Tensor | None
+    block_scale: torch.Tensor | None
+    tables: torch.Tensor | None
+    alpha: float
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    mt: int  # token tile of 8·mt tokens
+    splits: int  # K splits (deterministic in-order reduction when > 1)
+
+
+def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
+    out, row = [], 0
+    tables = None
+    for qw in shards:
+        mw = mma_layout.pack(qw)
+        if tables is None and mw.format.startswith("IQ2"):
+            tables = _upload(mma_layout.iq2_tables(mw.format).view(np.int32), device)
+        out.append(
+            MmaShard(
+                mw.format, mma_layout.FORMAT_IDS[mw.format], row, mw.n, mw.k, mw.chunks,
+                _upload(mw.codes, device), _upload(mw.meta, device), _upload(mw.meta2, device),
+                _upload(mw.block_scale, device), tables, mw.alpha,
+            )
+        )  # fmt: skip
+        row += mw.n
+    return out
+
+
+def default_config(m: int, n: int, chunks: int, sms: int) -> MmaConfig:
+    """A token tile that covers M in few tiles, and enough K splits that ~2 CTAs run per SM."""
+    mt = 1 if m <= 8 else 2 if m <= 16 else 4
+    ctas = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+    splits = max(1, min(chunks // 4, round(2 * sms / ctas)))
+    return MmaConfig(mt, max(1, min(splits, 32)))
+
+
+@dataclass
+class MmaWorkspace:
+    """Split-K partials and the per-tile tickets (zero at rest; the kernel leaves them zero)."""
+
+    partials: torch.Tensor
+    tickets: torch.Tensor
+
+    @classmethod
+    def create(cls, m: int, n: int, splits: int, mt: int, device) -> MmaWorkspace:
+        tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+        return cls(
+            torch.empty(splits * m * n if splits > 1 else 1, dtype=torch.float32, device=device),
+            torch.zeros(max(tiles, 1), dtype=torch.int32, device=device),
+        )
+
+
+def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
+        workspace: MmaWorkspace | None, stream: int) -> None:  # fmt: skip
+    """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]."""
+    import b12x_kernels
+
+    m = x2.shape[0]
+    for s in shards:
+        b12x_kernels.mma_gemm(
+            s.fmt_id, s.codes.data_ptr(),
+            0 if s.meta is None else s.meta.data_ptr(), 0 if s.meta2 is None else s.meta2.data_ptr(),
+            0 if s.block_scale is None else s.block_scale.data_ptr(), 0 if s.tables is None else s.tables.data_ptr(),
+            s.alpha, x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(), y[:, s.row :].data_ptr(),
+            y.shape[1], m, s.n, s.k, s.chunks, config.mt, min(config.splits, s.chunks),
+            0 if workspace is None else workspace.partials.data_ptr(),
+            0 if workspace is None else workspace.tickets.data_ptr(), stream,
+        )  # fmt: skip
