@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call for the tensor-core GEMM: build (B12X_CUDA_ARCHS, default 90), its GPU tests, then the
+# per-layer benchmark with the arguments given (e.g. --formats NVFP4 --ms 1,32 --sweep). Logs under OUT.
+#   bash tools/mma_device.sh OUT [benchmark args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: tools/mma_device.sh OUT [benchmark args]}"
+shift
+mkdir -p "$out"
+export CMAKE_BUILD_PARALLEL_LEVEL=16 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
+start=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels > "$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/kernels/test_mma_gemm.py ${TESTS_EXTRA:-} > "$out/tests.log" 2>&1
+  echo "tests: exit $? after $(( $(date +%s) - start )) s"; grep -E "passed|failed|Error" "$out/tests.log" | tail -15
+fi
+if [ "$#" -gt 0 ]; then
+  python3 benchmarks/mma_linear.py --out "$out/mma.json" "$@" 2>&1 | tee "$out/bench.log"
+fi
+echo "total: $(( $(date +%s) - start )) s"
