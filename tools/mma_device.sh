@@ -21,3 +21,8 @@ if [ "$#" -gt 0 ]; then
   python3 benchmarks/mma_linear.py --out "$out/mma.json" "$@" 2>&1 | tee "$out/bench.log"
 fi
 echo "total: $(( $(date +%s) - start )) s"
+if [ -n "${PROFILE:-}" ]; then
+  ncu --clock-control none -k regex:mma_gemm --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section SchedulerStats --section LaunchStats python3 benchmarks/mma_profile.py $PROFILE > "$out/ncu.log" 2>&1
+  echo "ncu: exit $?"; grep -E "mma_gemm_kernel|DRAM Throughput|Duration|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall|No Eligible|Warp Cycles Per Issued" "$out/ncu.log" | head -80
+fi

@@ -56,8 +56,9 @@ def _e4m3_hi(w):
 
 
 def _e2m1(w, p):
-    v = w >> np.uint32(4 * p)
-    return ((v << np.uint32(6)) & np.uint32(0x01C001C0)) | ((v << np.uint32(12)) & np.uint32(0x80008000))
+    low = mma_layout.E2M1_MAG_BITS[p]
+    mag = (w << np.uint32(6 - low) if low <= 6 else w >> np.uint32(low - 6)) & np.uint32(0x01C001C0)
+    return mag | ((w << np.uint32(3 - p)) & np.uint32(0x80008000))
 
 
 def _e8m0(b):
@@ -81,29 +82,27 @@ def effective_weight(mw: mma_layout.MmaWeight, tables: np.ndarray | None = None)
         return array.reshape(n16, c, 2, 8, 1, nbytes)  # broadcast over t
 
     groups = []  # per group g: four bf16x2 words [n16, c, 2, 8, 4]
+    sm = np.float32(mw.scale_mul)
     if fmt in ("FP8", "FP8_BLOCK", "MXFP8"):
-        mul = _splat(np.float32(2.0**120))
         if fmt == "MXFP8":
             b = np.take_along_axis(meta(mw.meta, 2), (t_idx >> 1)[..., None], axis=-1)[..., 0]
-            scale = _splat(_e8m0(b))
+            mul = _splat(_e8m0(b) * sm)
+        else:
+            mul = _splat(sm)
         for g in range(2):
             w0, w1 = words[..., 2 * g], words[..., 2 * g + 1]
-            pairs = [_e4m3_lo(w0), _e4m3_hi(w0), _e4m3_lo(w1), _e4m3_hi(w1)]
-            pairs = [_bmul(p, mul) for p in pairs]
-            if fmt == "MXFP8":
-                pairs = [_bmul(p, scale) for p in pairs]
-            groups.append(pairs)
+            groups.append([_bmul(p, mul) for p in (_e4m3_lo(w0), _e4m3_hi(w0), _e4m3_lo(w1), _e4m3_hi(w1))])
     elif fmt in ("MXFP4", "NVFP4", "W4A16_NVFP4"):
-        two126 = _splat(np.float32(2.0**126))
         if fmt == "MXFP4":
             b = np.take_along_axis(meta(mw.meta, 4), t_idx[..., None], axis=-1)[..., 0]
-            muls = [_splat(_e8m0(b))] * 2
+            muls = [_splat(_e8m0(b) * sm)] * 2
         else:
             m = meta(mw.meta, 8)
-            muls = [_splat(_e4m3(np.take_along_axis(m, (2 * t_idx + i)[..., None], axis=-1)[..., 0])) for i in (0, 1)]
+            muls = [_splat(_e4m3(np.take_along_axis(m, (2 * t_idx + i)[..., None], axis=-1)[..., 0]) * sm)
+                    for i in (0, 1)]  # fmt: skip
         for g in range(4):
             w = words[..., g]
-            groups.append([_bmul(_bmul(_e2m1(w, p), two126), muls[g >> 1]) for p in range(4)])
+            groups.append([_bmul(_e2m1(w, p), muls[g >> 1]) for p in range(4)])
     elif fmt == "Q8_0":
         d = np.take_along_axis(meta(mw.meta, 4).view("<f2").astype(np.float32), (t_idx >> 1)[..., None], axis=-1)[..., 0]
         for g in range(2):
@@ -116,16 +115,19 @@ def effective_weight(mw: mma_layout.MmaWeight, tables: np.ndarray | None = None)
     else:  # IQ2
         xs = fmt == "IQ2_XS"
         grid_n = 512 if xs else 256
-        d = meta(mw.meta, 2).view("<f2").astype(np.float32)[..., 0] * np.float32(0.25)
+        row_d = meta(mw.meta, 2).view("<f2").astype(np.float32)[..., 0]  # multiplies the fp32 partial sums
+
+        def sub(nibble):
+            return _splat(np.float32(0.125) + np.float32(0.25) * nibble.astype(np.float32))
+
         if xs:
             sc = meta(mw.meta2, 8)
             two = np.take_along_axis(sc, (2 * t_idx)[..., None], axis=-1)[..., 0].astype(np.uint32) | (
                 np.take_along_axis(sc, (2 * t_idx + 1)[..., None], axis=-1)[..., 0].astype(np.uint32) << np.uint32(8)
             )
-            muls = [_splat(d * (0.5 + ((two >> np.uint32(4 * h)) & 15).astype(np.float32))) for h in range(4)]
+            muls = [sub((two >> np.uint32(4 * h)) & 15) for h in range(4)]
         else:
-            m0 = _splat(d * (0.5 + (words[..., 1] >> np.uint32(28)).astype(np.float32)))
-            m1 = _splat(d * (0.5 + (words[..., 3] >> np.uint32(28)).astype(np.float32)))
+            m0, m1 = sub(words[..., 1] >> np.uint32(28)), sub(words[..., 3] >> np.uint32(28))
             muls = [m0, m0, m1, m1]
         lo0 = lo1 = np.uint32(0x002CC800)
         hi0, hi1 = np.uint32(0x00424141), np.uint32(0x00C2C1C1)
@@ -146,6 +148,8 @@ def effective_weight(mw: mma_layout.MmaWeight, tables: np.ndarray | None = None)
     # element (g, pair i, half) of lane (q, t) in (n16, chunk, half h): row 16 n16 + q + 8h,
     # k = chunk·KB + E·t + 8g + 2i + half
     vals = np.stack([np.stack([np.stack(_halves(p), axis=-1) for p in pairs], axis=-2) for pairs in groups], axis=-3)
+    if fmt.startswith("IQ2"):  # vals [n16, c, h, q, t, g, i, 2]; d per (n16, c, h, q)
+        vals = vals * row_d[..., None, None, None]
     # vals: [n16, c, h, q, t, g, i, 2] -> [n16, h, q, c, t, g, i, 2] -> [N16, K_pad]
     w = vals.transpose(0, 2, 3, 1, 4, 5, 6, 7).reshape(n16 * 16, -1)
     return w[: mw.n, : mw.k]

@@ -5,6 +5,8 @@ multiples and at odd multiples, with bias, outputs poisoned first; every token t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -42,7 +44,7 @@ def _run(x, shards, n, bias, config):
 
 
 def _shapes(fmt):
-    km = bf.spec(fmt).k_multiple
+    km = math.lcm(bf.spec(fmt).k_multiple, 8)  # the kernel stages activations in 16-byte pieces
     ck = mma_layout.chunk_k(fmt)
     return [(16, km), (200, 3 * km), (136, 7 * ck + km)]
 

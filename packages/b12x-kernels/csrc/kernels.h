@@ -40,6 +40,7 @@ struct MmaArgs {
   const float* block_scale;   // FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
   const uint32_t* tables;     // IQ2: grid nibble codes, then 128 sign nibble masks
   float alpha;                // per-tensor scale of the result
+  float scale_mul;            // power of two multiplying block scales in the decode (alpha holds its inverse)
   const __nv_bfloat16* x;     // [M, K] (row stride K), 16-byte aligned
   const __nv_bfloat16* bias;  // [N] or null
   __nv_bfloat16* y;           // y[m * ldy + n]

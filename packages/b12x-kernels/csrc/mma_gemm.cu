@@ -44,6 +44,7 @@ struct MmaParams {
   const float* block_scale;  // FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
   const uint32_t* tables;    // IQ2: grid nibble codes [grid entries] then sign nibble masks [128]
   float alpha;
+  float scale_mul;  // power of two applied to block scales (alpha carries its inverse)
   const __nv_bfloat16* x;
   const __nv_bfloat16* bias;
   __nv_bfloat16* y;
@@ -115,26 +116,22 @@ __device__ __forceinline__ uint32_t e4m3_pair_lo(uint32_t w) {
 __device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
   return ((w >> 4) & 0x07F007F0u) | (w & 0x80008000u);
 }
-// E2M1 nibble pair -> bf16x2 bit patterns worth value·2^-126. The repack puts pair p's nibbles at nibbles
-// p and p+4 of a word; shift them to bits 0-3 / 16-19 first.
-template <int P>
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
-  const uint32_t v = w >> (4 * P);
-  return ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
-}
-
 // ---------------------------------------------------------------------------------------------- formats
-// Each format says: E (elements of one row per lane per chunk), META (scale bytes per row and chunk),
-// how to load its per-chunk scale state for one row, and decode8: lane elements 8g..8g+7 of one row as
-// four bf16x2 pairs (pair i = elements 8g+2i, 8g+2i+1).
-struct FmtFP8 {  // per-tensor FP8 (scale in alpha) and FP8_BLOCK (scale on the accumulator)
-  static constexpr int E = 16, KB = 64;
+// Each format says: E (elements of one row per lane per chunk), KB (K per chunk), META / META2 (scale bytes per
+// row and chunk in `meta` / `meta2`), how a lane builds its per-chunk scale state S for one row from those bytes,
+// decode8<G>: lane elements 8G..8G+7 of that row as four bf16x2 pairs (pair i = elements 8G+2i, 8G+2i+1), and
+// ACC: whether a per-row fp32 factor multiplies the chunk's partial sums instead (acc_scale).
+// `mul` (MmaParams::scale_mul) is the power of two that brings bit-pattern decodes into range: the host picks it
+// so every block scale times it fits bf16, and folds its inverse into alpha.
+struct FmtFP8 {  // per-tensor FP8 (scale in alpha)
+  static constexpr int E = 16, KB = 64, META = 0, META2 = 0;
+  static constexpr bool ACC = false;
   struct S {
     uint32_t mul;
   };
-  __device__ static S scale(const MmaParams&, size_t, int, const uint4&) { return {splat_bf16(0x1p120f)}; }
+  __device__ static S scale(const uint8_t*, const uint8_t*, int, const uint4&, float mul) { return {splat_bf16(mul)}; }
   template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, uint32_t (&a)[4]) {
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
     const uint32_t w0 = word(q, 2 * G), w1 = word(q, 2 * G + 1);
     a[0] = bmul(e4m3_pair_lo(w0), s.mul);
     a[1] = bmul(e4m3_pair_hi(w0), s.mul);
@@ -143,67 +140,68 @@ struct FmtFP8 {  // per-tensor FP8 (scale in alpha) and FP8_BLOCK (scale on the 
   }
 };
 
-struct FmtMXFP8 {
-  static constexpr int E = 16, META = 2, KB = 64;  // two E8M0 scales (32 elements each) per row and chunk
-  struct S {
-    uint32_t mul;
-  };
-  __device__ static S scale(const MmaParams& p, size_t row_meta, int t, const uint4&) {
-    const uint32_t b = p.meta[row_meta * META + (t >> 1)];
-    return {splat_bf16(e8m0_to_float(b))};
-  }
-  template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, uint32_t (&a)[4]) {
-    const uint32_t two120 = splat_bf16(0x1p120f);
-    const uint32_t w0 = word(q, 2 * G), w1 = word(q, 2 * G + 1);
-    a[0] = bmul(bmul(e4m3_pair_lo(w0), two120), s.mul);
-    a[1] = bmul(bmul(e4m3_pair_hi(w0), two120), s.mul);
-    a[2] = bmul(bmul(e4m3_pair_lo(w1), two120), s.mul);
-    a[3] = bmul(bmul(e4m3_pair_hi(w1), two120), s.mul);
+struct FmtFP8Block : FmtFP8 {  // FP8_BLOCK: one fp32 scale per 128 rows × 128 k multiplies the partial sums
+  static constexpr bool ACC = true;
+};
+
+struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chunk; lane t uses scale t/2
+  static constexpr int META = 2;
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float mul) {
+    return {splat_bf16(e8m0_to_float(m[t >> 1]) * mul)};
   }
 };
 
+// E2M1 pair p of a repacked word (mma_layout.py): the low element's magnitude at bits L..L+2 and the high
+// one's at L+16.., L = 6, 3, 0, 9 for p = 0..3; their signs at bits 12+p and 28+p. Shifting the magnitudes to
+// bits 6-8 / 22-24 and the signs to 15 / 31 makes bf16 bit patterns worth value·2^-126.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
+  constexpr int L[4] = {6, 3, 0, 9};
+  const uint32_t mag = (L[P] <= 6 ? w << (6 - L[P]) : w >> (L[P] - 6)) & 0x01C001C0u;
+  return mag | ((w << (3 - P)) & 0x80008000u);
+}
+
 template <bool NV>
 struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 16: two per lane)
-  static constexpr int E = 32, META = NV ? 8 : 4, KB = 128;
+  static constexpr int E = 32, KB = 128, META = NV ? 8 : 4, META2 = 0;
+  static constexpr bool ACC = false;
   struct S {
     uint32_t mul[2];
   };
-  __device__ static S scale(const MmaParams& p, size_t row_meta, int t, const uint4&) {
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float mul) {
     if constexpr (NV) {
-      const uint16_t two = *reinterpret_cast<const uint16_t*>(p.meta + row_meta * META + 2 * t);
-      return {{splat_bf16(e4m3_to_float(two & 0xFFu)), splat_bf16(e4m3_to_float(two >> 8))}};
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(m + 2 * t);
+      return {{splat_bf16(e4m3_to_float(two & 0xFFu) * mul), splat_bf16(e4m3_to_float(two >> 8) * mul)}};
     } else {
-      const uint32_t m = splat_bf16(e8m0_to_float(p.meta[row_meta * META + t]));
-      return {{m, m}};
+      const uint32_t v = splat_bf16(e8m0_to_float(m[t]) * mul);
+      return {{v, v}};
     }
   }
   template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, uint32_t (&a)[4]) {
-    const uint32_t two126 = splat_bf16(0x1p126f);
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
     const uint32_t w = word(q, G), m = s.mul[G >> 1];
-    a[0] = bmul(bmul(e2m1_pair<0>(w), two126), m);
-    a[1] = bmul(bmul(e2m1_pair<1>(w), two126), m);
-    a[2] = bmul(bmul(e2m1_pair<2>(w), two126), m);
-    a[3] = bmul(bmul(e2m1_pair<3>(w), two126), m);
+    a[0] = bmul(e2m1_pair<0>(w), m);
+    a[1] = bmul(e2m1_pair<1>(w), m);
+    a[2] = bmul(e2m1_pair<2>(w), m);
+    a[3] = bmul(e2m1_pair<3>(w), m);
   }
 };
 
 struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (two per row and chunk)
-  static constexpr int E = 16, META = 4, KB = 64;
+  static constexpr int E = 16, KB = 64, META = 4, META2 = 0;
+  static constexpr bool ACC = false;
   struct S {
     float d;
   };
-  __device__ static S scale(const MmaParams& p, size_t row_meta, int t, const uint4&) {
-    const __half d = reinterpret_cast<const __half*>(p.meta + row_meta * META)[t >> 1];
-    return {__half2float(d)};
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float) {
+    return {__half2float(reinterpret_cast<const __half*>(m)[t >> 1])};
   }
   // 2^23 + u as a float is exact for a byte u, so (that - 2^23 - 128) is q exactly; q·d is exact in fp32.
   __device__ static float q8(uint32_t w, int byte) {
     return __int_as_float(prmt(w, 0x4B000000u, 0x7440u | byte)) - 8388736.0f;
   }
   template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, uint32_t (&a)[4]) {
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
     const uint32_t w0 = word(q, 2 * G), w1 = word(q, 2 * G + 1);
     a[0] = pack_bf16(q8(w0, 0) * s.d, q8(w0, 1) * s.d);
     a[1] = pack_bf16(q8(w0, 2) * s.d, q8(w0, 3) * s.d);
@@ -216,7 +214,8 @@ struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (t
 // A group's 8 grid values {8, 25, 43} with their signs come out of two PRMTs over a 6-entry byte table
 // (selector nibble = grid code 0..2, plus 4 when negative); the grid-code word and the sign word of a group
 // are read from shared-memory tables replicated once per bank, so the warp's 32 random lookups never
-// conflict. The block scale d·(0.5+s)/4 multiplies in bf16 (rounded once).
+// conflict. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
+// fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
 constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
 constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
 
@@ -232,27 +231,27 @@ __device__ __forceinline__ void iq2_values(uint32_t sel, uint32_t mul, uint32_t 
 
 template <bool XS>
 struct FmtIQ2 {
-  static constexpr int E = 64, META = 2, KB = 256;
+  static constexpr int E = 64, KB = 256, META = 2, META2 = XS ? 8 : 0;
+  static constexpr bool ACC = true;
   static constexpr int GRID = XS ? 512 : 256;  // grid entries; the sign table (128) follows in `tables`
   struct S {
-    uint32_t mul[4];  // IQ2_XXS: sub-blocks 2t, 2t+1 (mul[0], mul[2]); IQ2_XS: four 16-weight halves
+    uint32_t mul[4];  // per 16 weights of the lane: IQ2_XXS sub-blocks 2t, 2t+1; IQ2_XS four nibbles
   };
-  __device__ static S scale(const MmaParams& p, size_t row_meta, int t, const uint4& q) {
-    const float d = __half2float(*reinterpret_cast<const __half*>(p.meta + row_meta * META)) * 0.25f;
+  __device__ static S scale(const uint8_t*, const uint8_t* m2, int t, const uint4& q, float) {
     S s;
     if constexpr (XS) {
-      const uint16_t two = *reinterpret_cast<const uint16_t*>(p.meta2 + row_meta * 8 + 2 * t);
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(m2 + 2 * t);
 #pragma unroll
-      for (int h = 0; h < 4; ++h) s.mul[h] = splat_bf16(d * (0.5f + float((two >> (4 * h)) & 15u)));
+      for (int h = 0; h < 4; ++h) s.mul[h] = splat_bf16(0.125f + 0.25f * float((two >> (4 * h)) & 15u));
     } else {
-      s.mul[0] = s.mul[1] = splat_bf16(d * (0.5f + float(q.y >> 28)));
-      s.mul[2] = s.mul[3] = splat_bf16(d * (0.5f + float(q.w >> 28)));
+      s.mul[0] = s.mul[1] = splat_bf16(0.125f + 0.25f * float(q.y >> 28));
+      s.mul[2] = s.mul[3] = splat_bf16(0.125f + 0.25f * float(q.w >> 28));
     }
     return s;
   }
+  __device__ static float acc_scale(const uint8_t* m) { return __half2float(*reinterpret_cast<const __half*>(m)); }
   template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, uint32_t (&a)[4]) {
-    const int lane = threadIdx.x & 31;
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
     uint32_t grid_idx, sign_idx;
     if constexpr (XS) {
       const uint32_t v = word(q, G >> 1) >> (16 * (G & 1));
@@ -269,10 +268,10 @@ struct FmtIQ2 {
 
 // ---------------------------------------------------------------------------------------------- kernel
 template <class F>
-constexpr int stage_chunks() {  // chunks per activation stage: 512 (1024 for IQ2) k
+constexpr int stage_chunks() {  // chunks per activation stage: 512 k (1024 for IQ2)
   return F::KB >= 256 ? 4 : 512 / F::KB;
 }
-template <class F, int MT>
+template <class F>
 constexpr int x_row_elems() {
   return stage_chunks<F>() * F::KB + 8;  // +16 bytes per row: consecutive tokens start in other banks
 }
@@ -282,10 +281,11 @@ constexpr int table_words() {
   return 0;
 }
 
-template <class F, int MT, bool BLOCK_SCALE>
-__global__ void __launch_bounds__(kThreads) mma_gemm_kernel(const MmaParams p) {
+template <class F, int MT>
+__global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
-  constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F, MT>(), XSTAGE = TOK * XROW;
+  constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
+  static_assert(XC % kDepth == 0, "the register ring must cycle within a stage");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
 
@@ -301,32 +301,34 @@ __global__ void __launch_bounds__(kThreads) mma_gemm_kernel(const MmaParams p) {
     for (int i = threadIdx.x; i < table_words<F>(); i += kThreads) tab[i] = __ldg(p.tables + (i >> 5));
   }
 
-  // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M and K.
+  // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M, K and the split.
   auto load_stage = [&](int c0, int buf) {
     __nv_bfloat16* dst = xs + buf * XSTAGE;
     constexpr int PIECES_PER_ROW = XC * F::KB / 8;
+    const int k_end = min(p.K, c_end * F::KB);
     for (int i = threadIdx.x; i < TOK * PIECES_PER_ROW; i += kThreads) {
       const int r = i / PIECES_PER_ROW, pc = i % PIECES_PER_ROW;
       const int m = m0 + r, k = c0 * F::KB + pc * 8;
-      const bool ok = m < p.M && k < p.K && c0 * F::KB + pc * 8 < c_end * F::KB;
-      const __nv_bfloat16* src = ok ? p.x + size_t(m) * p.K + k : p.x;
-      cp_async16(dst + r * XROW + pc * 8, src, ok ? 16 : 0);
+      const bool ok = m < p.M && k < k_end;
+      cp_async16(dst + r * XROW + pc * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
     }
     cp_async_commit();
   };
 
-  // The warp's tiles: chunk c, half h at codes[((n16 * chunks + c) * 2 + h) * 32 + lane].
-  const uint4* wbase = p.codes + size_t(rows_live ? n16 : 0) * p.chunks * 64 + lane;
-  auto load_codes = [&](int c, uint4& lo, uint4& hi) {
+  // The warp's code tiles: chunk c, half h at codes[(n16 * chunks + c) * 64 + h * 32 + lane] (uint4 units);
+  // its scale bytes: (n16 * chunks + c) * 16 + h * 8 + q rows of META bytes.
+  const size_t tile0 = size_t(rows_live ? n16 : 0) * p.chunks;
+  const uint4* wp = p.codes + tile0 * 64 + lane;
+  const uint8_t* mp = p.meta + (tile0 * 16 + q) * F::META;
+  const uint8_t* mp2 = p.meta2 + (tile0 * 16 + q) * F::META2;
+  auto load_codes = [&](int c, uint4 (&v)[2]) {
     if (rows_live && c < c_end) {
-      lo = __ldg(wbase + size_t(c) * 64);
-      hi = __ldg(wbase + size_t(c) * 64 + 32);
+      v[0] = __ldg(wp + size_t(c) * 64);
+      v[1] = __ldg(wp + size_t(c) * 64 + 32);
     } else {
-      lo = hi = make_uint4(0, 0, 0, 0);
+      v[0] = v[1] = make_uint4(0, 0, 0, 0);
     }
   };
-  // Row-blocked scale bytes: (row-half h, lane quad q) of chunk c at index ((n16*chunks + c)*2 + h)*8 + q.
-  auto meta_index = [&](int c, int h) { return ((size_t(rows_live ? n16 : 0) * p.chunks + c) * 2 + h) * 8 + q; };
 
   float acc[MT][4];
 #pragma unroll
@@ -334,65 +336,64 @@ __global__ void __launch_bounds__(kThreads) mma_gemm_kernel(const MmaParams p) {
 
   uint4 ring[kDepth][2];
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d) load_codes(c_begin + d, ring[d][0], ring[d][1]);
+  for (int d = 0; d < kDepth; ++d) load_codes(c_begin + d, ring[d]);
 
   if (c_begin < c_end) load_stage(c_begin, 0);
   int buf = 0;
-  for (int base = c_begin; base < c_end; base += kDepth) {
-    if ((base - c_begin) % XC == 0) {  // a new activation stage starts: prefetch the next, wait for this
-      const int next = base + XC;
-      if (next < c_end) {
-        load_stage(next, buf ^ 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+  for (int base = c_begin; base < c_end; base += XC) {
+    if (base + XC < c_end) {  // prefetch the next activation stage, wait for this one
+      load_stage(base + XC, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    const __nv_bfloat16* xstage = xs + buf * XSTAGE;
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int c = base + d;
+    __syncthreads();
+    const __nv_bfloat16* xrow = xs + buf * XSTAGE + q * XROW + F::E * t;
+    static_for<XC>([&](auto U) {
+      constexpr int u = decltype(U)::value, d = u % kDepth;
+      const int c = base + u;
       if (c < c_end) {
-        uint4 lo, hi;
-        load_codes(c + kDepth, lo, hi);  // refill this slot while the chunk below is decoded
-        const int kc = ((c - c_begin) % XC) * F::KB + F::E * t;
-        const auto s0 = F::scale(p, meta_index(c, 0), t, ring[d][0]);
-        const auto s1 = F::scale(p, meta_index(c, 1), t, ring[d][1]);
+        uint4 next[2];
+        load_codes(c + kDepth, next);  // refill this slot while the chunk below is decoded
+        const size_t mrow = size_t(c) * 16;
+        const auto s0 = F::scale(mp + mrow * F::META, mp2 + mrow * F::META2, t, ring[d][0], p.scale_mul);
+        const auto s1 = F::scale(mp + (mrow + 8) * F::META, mp2 + (mrow + 8) * F::META2, t, ring[d][1], p.scale_mul);
         float part[MT][4];
-        if constexpr (BLOCK_SCALE) {
 #pragma unroll
-          for (int j = 0; j < MT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.f;
-        }
-        float(&target)[MT][4] = BLOCK_SCALE ? part : acc;
+        for (int j = 0; j < MT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.f;
+        float(&target)[MT][4] = F::ACC ? part : acc;
         static_for<F::E / 8>([&](auto G) {
+          constexpr int g = decltype(G)::value;
           uint32_t ar[4], ar8[4];
-          F::template decode8<decltype(G)::value>(ring[d][0], s0, tab, ar);
-          F::template decode8<decltype(G)::value>(ring[d][1], s1, tab, ar8);
+          F::template decode8<g>(ring[d][0], s0, tab, lane, ar);
+          F::template decode8<g>(ring[d][1], s1, tab, lane, ar8);
 #pragma unroll
           for (int j = 0; j < MT; ++j) {
-            const uint4 b =
-                *reinterpret_cast<const uint4*>(xstage + (8 * j + q) * XROW + kc + 8 * decltype(G)::value);
+            const uint4 b = *reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g);
             mma16816(target[j], ar[0], ar8[0], ar[1], ar8[1], b.x, b.y);
             mma16816(target[j], ar[2], ar8[2], ar[3], ar8[3], b.z, b.w);
           }
         });
-        if constexpr (BLOCK_SCALE) {  // one fp32 scale per 128 rows × 128 k: uniform over the warp's tile
-          const int kblocks = (p.K + 127) / 128;
-          const float s = rows_live ? __ldg(p.block_scale + size_t(n16 * 16 / 128) * kblocks + (c * F::KB) / 128) : 0.f;
+        if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
+          float s[2];
+          if constexpr (F::E == 64) {
+            s[0] = rows_live ? F::acc_scale(mp + mrow * F::META) : 0.f;
+            s[1] = rows_live ? F::acc_scale(mp + (mrow + 8) * F::META) : 0.f;
+          } else {  // FP8_BLOCK: uniform over the warp's 16 rows and the chunk's 64 k
+            const int kblocks = (p.K + 127) / 128;
+            s[0] = s[1] = rows_live ? __ldg(p.block_scale + size_t(n16 / 8) * kblocks + (c * F::KB) / 128) : 0.f;
+          }
 #pragma unroll
           for (int j = 0; j < MT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][e] += s * part[j][e];
+            for (int e = 0; e < 4; ++e) acc[j][e] += s[e >> 1] * part[j][e];
         }
-        ring[d][0] = lo;
-        ring[d][1] = hi;
+        ring[d][0] = next[0];
+        ring[d][1] = next[1];
       }
-    }
-    if ((base + kDepth - c_begin) % XC == 0) {  // the stage is consumed: let the next load overwrite it
-      __syncthreads();
-      buf ^= 1;
-    }
+    });
+    __syncthreads();  // the stage is consumed: the next prefetch may overwrite it
+    buf ^= 1;
   }
 
   // Epilogue. c0,c1: row q, tokens 2t, 2t+1; c2,c3: row q+8.
@@ -443,24 +444,23 @@ __global__ void __launch_bounds__(kThreads) mma_gemm_kernel(const MmaParams p) {
   if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
 }
 
-template <class F, int MT, bool BS>
+template <class F, int MT>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
-  constexpr int smem_bytes =
-      table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F, MT>() * int(sizeof(__nv_bfloat16));
-  auto kernel = mma_gemm_kernel<F, MT, BS>;
+  constexpr int smem_bytes = table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * int(sizeof(__nv_bfloat16));
+  auto kernel = mma_gemm_kernel<F, MT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   kernel<<<dim3(mtiles, p.splits, nblocks), kThreads, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <class F, bool BS = false>
+template <class F>
 cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stream) {
   const int mtiles = (p.M + 8 * mt - 1) / (8 * mt);
   switch (mt) {
-    case 1: return launch<F, 1, BS>(p, mtiles, nblocks, stream);
-    case 2: return launch<F, 2, BS>(p, mtiles, nblocks, stream);
-    case 4: return launch<F, 4, BS>(p, mtiles, nblocks, stream);
+    case 1: return launch<F, 1>(p, mtiles, nblocks, stream);
+    case 2: return launch<F, 2>(p, mtiles, nblocks, stream);
+    case 4: return launch<F, 4>(p, mtiles, nblocks, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -484,6 +484,7 @@ cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
   p.block_scale = a.block_scale;
   p.tables = a.tables;
   p.alpha = a.alpha;
+  p.scale_mul = a.scale_mul;
   p.x = a.x;
   p.bias = a.bias;
   p.y = a.y;
@@ -500,7 +501,7 @@ cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
   const int nblocks = (p.n16 + kWarps - 1) / kWarps;
   switch (a.format) {
     case kMmaFP8: return launch_mt<FmtFP8>(a.mt, p, nblocks, stream);
-    case kMmaFP8_BLOCK: return launch_mt<FmtFP8, true>(a.mt, p, nblocks, stream);
+    case kMmaFP8_BLOCK: return launch_mt<FmtFP8Block>(a.mt, p, nblocks, stream);
     case kMmaMXFP8: return launch_mt<FmtMXFP8>(a.mt, p, nblocks, stream);
     case kMmaNVFP4: return launch_mt<FmtFP4<true>>(a.mt, p, nblocks, stream);
     case kMmaMXFP4: return launch_mt<FmtFP4<false>>(a.mt, p, nblocks, stream);

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 import b12x_formats as bf
@@ -53,7 +54,8 @@ class MmaWeight:
     meta: np.ndarray | None  # uint8 row-blocked scales
     meta2: np.ndarray | None  # IQ2_XS: sub-block scales, row-blocked
     block_scale: np.ndarray | None  # FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
-    alpha: float  # per-tensor factor of the result
+    alpha: float  # factor of the result: the per-tensor scale, times 1/scale_mul's share (see _decode_range)
+    scale_mul: float = 1.0  # power of two the kernel multiplies block scales by (bit-pattern decodes)
 
 
 def _pad(a: np.ndarray, rows: int, cols: int, value: int = 0) -> np.ndarray:
@@ -90,26 +92,33 @@ def _unrows_blocked(blocked: np.ndarray, n: int, chunks: int, nbytes: int) -> np
     return b.reshape(n16 * TILE_ROWS, chunks, nbytes)[:n]
 
 
-# Byte / nibble permutations inside each 32-bit word of a lane's 16 bytes (all involutions or inverted below).
-# E4M3: [e0 e1 e2 e3] -> [e0 e2 e1 e3]: pair (e0,e1) sits at bytes 0 and 2, pair (e2,e3) at 1 and 3, so one
-# mask per pair lines both up with the two bf16 halves.
-# E2M1: nibbles [e0..e7] -> [e0 e2 e4 e6 e1 e3 e5 e7]: pair p's nibbles at p and p+4 (bits 4p and 16+4p).
+# Code permutations inside each 32-bit word of a lane's 16 bytes, so each bf16x2 MMA operand comes out of a word
+# with a few shifts and masks:
+# E4M3: [e0 e1 e2 e3] -> [e0 e2 e1 e3]: pair (e0,e1) sits at bytes 0 and 2, pair (e2,e3) at 1 and 3.
+# E2M1 (8 codes e0..e7, pairs p = (e2p, e2p+1)): magnitudes of pair p at bits L..L+2 (low element) and
+# L+16..L+18 (high element) with L = 6, 3, 0, 9; signs at bits 12+p and 28+p. One shift puts a pair's
+# magnitudes at bf16 bits 6-8 / 22-24, another its signs at 15 / 31 (csrc/mma_gemm.cu e2m1_pair).
+E2M1_MAG_BITS = (6, 3, 0, 9)
+
+
 def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> np.ndarray:
     spec = bf.spec(fmt)
-    words = code_bytes.reshape(code_bytes.shape[0], -1, 4)
     if spec.packing == "ggml":
         return code_bytes ^ np.uint8(0x80) if spec.name == "Q8_0" else code_bytes  # Q8_0: offset binary
+    words = code_bytes.reshape(code_bytes.shape[0], -1, 4)
     if spec.bits_per_weight >= 8:
         return np.ascontiguousarray(words[..., [0, 2, 1, 3]]).reshape(code_bytes.shape)
-    w = words.view("<u4")[..., 0].astype(np.uint32)
-    nibbles = [(w >> (4 * i)) & 0xF for i in range(8)]
-    order = [0, 2, 4, 6, 1, 3, 5, 7]  # new nibble j holds old nibble order[j]
+    w = np.ascontiguousarray(words).view("<u4")[..., 0].astype(np.uint32)
     out = np.zeros_like(w)
-    for j, i in enumerate(order):
-        if inverse:
-            out |= nibbles[j] << np.uint32(4 * i)
-        else:
-            out |= nibbles[i] << np.uint32(4 * j)
+    for p, low in enumerate(E2M1_MAG_BITS):
+        for half, e in ((0, 2 * p), (1, 2 * p + 1)):
+            mag_at, sign_at = low + 16 * half, 12 + p + 16 * half
+            if inverse:  # packed fields -> checkpoint nibble e (low nibble first)
+                code = ((w >> np.uint32(mag_at)) & 7) | (((w >> np.uint32(sign_at)) & 1) << np.uint32(3))
+                out |= code << np.uint32(4 * e)
+            else:
+                code = (w >> np.uint32(4 * e)) & 15
+                out |= ((code & 7) << np.uint32(mag_at)) | ((code >> np.uint32(3)) << np.uint32(sign_at))
     return out.astype("<u4").view(np.uint8).reshape(code_bytes.shape)
 
 
@@ -160,7 +169,32 @@ def pack(qw: bf.QuantizedWeight) -> MmaWeight:
             alpha = _per_tensor(t, "weight_scale")
         elif "NVFP4" in spec.name:
             alpha = _per_tensor(t, "weight_scale_2")
-    return MmaWeight(spec.name, n, k, chunks, _tiles(codes, chunks), meta, meta2, block_scale, alpha)
+    scale_mul, alpha_shift = _decode_range(spec.name, t)
+    return MmaWeight(spec.name, n, k, chunks, _tiles(codes, chunks), meta, meta2, block_scale, alpha * alpha_shift,
+                     scale_mul)  # fmt: skip
+
+
+# The kernel decodes E4M3 codes to bf16 bit patterns worth value·2^-120 and E2M1 codes to value·2^-126, then
+# multiplies once by (block scale · scale_mul) in bf16. scale_mul = 2^(bias − e) with e the smallest power that
+# keeps the largest block scale times scale_mul finite in bf16; the result is then 2^-e too small, so alpha
+# carries 2^e. e stays ≥ 0, so products never leave the range the plain values have.
+_BIT_PATTERN_BIAS = {"FP8": 120, "FP8_BLOCK": 120, "MXFP8": 120, "MXFP4": 126, "NVFP4": 126, "W4A16_NVFP4": 126}
+
+
+def _decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
+    bias = _BIT_PATTERN_BIAS.get(fmt)
+    if bias is None:
+        return 1.0, 1.0
+    if fmt in ("FP8", "FP8_BLOCK"):
+        return 2.0**bias, 1.0
+    scales = np.ascontiguousarray(tensors["weight_scale"]).view(np.uint8)
+    if fmt.startswith("MX"):
+        top = int(scales.max()) - 127  # E8M0: 2^(b-127)
+    else:
+        top = int(np.ceil(np.log2(max(float(scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32).max()), 2**-9))))
+    e = max(0, top + 2)
+    return 2.0 ** (bias - e), 2.0**e
+
 
 
 def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:

@@ -32,6 +32,7 @@ class MmaShard:
     block_scale: torch.Tensor | None
     tables: torch.Tensor | None
     alpha: float
+    scale_mul: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
             MmaShard(
                 mw.format, mma_layout.FORMAT_IDS[mw.format], row, mw.n, mw.k, mw.chunks,
                 _upload(mw.codes, device), _upload(mw.meta, device), _upload(mw.meta2, device),
-                _upload(mw.block_scale, device), tables, mw.alpha,
+                _upload(mw.block_scale, device), tables, mw.alpha, mw.scale_mul,
             )
         )  # fmt: skip
         row += mw.n
@@ -97,7 +98,7 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
             s.fmt_id, s.codes.data_ptr(),
             0 if s.meta is None else s.meta.data_ptr(), 0 if s.meta2 is None else s.meta2.data_ptr(),
             0 if s.block_scale is None else s.block_scale.data_ptr(), 0 if s.tables is None else s.tables.data_ptr(),
-            s.alpha, x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(), y[:, s.row :].data_ptr(),
+            s.alpha, s.scale_mul, x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(), y[:, s.row :].data_ptr(),
             y.shape[1], m, s.n, s.k, s.chunks, config.mt, min(config.splits, s.chunks),
             0 if workspace is None else workspace.partials.data_ptr(),
             0 if workspace is None else workspace.tickets.data_ptr(), stream,

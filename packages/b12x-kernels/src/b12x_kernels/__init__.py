@@ -67,6 +67,7 @@ def mma_gemm(
     block_scale: int,
     tables: int,
     alpha: float,
+    scale_mul: float,
     x: int,
     bias: int,
     y: int,
@@ -83,7 +84,7 @@ def mma_gemm(
 ) -> None:
     """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
     = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt) and `splits` (K splits) are the caller's choice."""
-    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, x, bias, y, ldy, m, n, k, chunks, mt, splits,
+    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt, splits,
                 partials, tickets, stream)  # fmt: skip
 
 
