@@ -111,16 +111,16 @@ def main() -> None:
 
             def timed(configs):
                 wss = [mma_path.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs)]
-                stream = torch.cuda.current_stream().cuda_stream
 
                 def layer(i):
                     for s, c, ws in zip(layers[i], configs, wss):
                         mma_path.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
 
-                del stream
                 return time_graph(layer, len(layers), args.replays)
 
-            defaults = [mma_path.default_config(m, s.n, s.chunks, sms) for s in one_layer]
+            mt = mma_path.default_config(m, 1, 1, 1).mt
+            slots = mma_path.slots(fmt, mt, "cuda")
+            defaults = [mma_path.default_config(m, s.n, s.chunks, slots) for s in one_layer]
             t = timed(defaults)
             label = " ".join(f"{c.mt}/{c.splits}" for c in defaults)
             results = [(t, label)]

@@ -54,6 +54,8 @@ struct MmaArgs {
 
 // K elements per chunk for a format (0 if unknown).
 int mma_chunk_k(int format);
+// CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.
+int mma_blocks_per_sm(int format, int mt);
 cudaError_t mma_gemm(const MmaArgs& args, cudaStream_t stream);
 
 }  // namespace b12x

@@ -35,7 +35,8 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kDepth = 4;  // weight chunks in flight per warp (register ring)
+constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
+constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
 struct MmaParams {
   const uint4* codes;        // repacked code tiles
@@ -213,8 +214,8 @@ struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (t
 // IQ2: one 256-weight block per row and chunk; lane t holds weights 64t..64t+63 (8 groups of 8).
 // A group's 8 grid values {8, 25, 43} with their signs come out of two PRMTs over a 6-entry byte table
 // (selector nibble = grid code 0..2, plus 4 when negative); the grid-code word and the sign word of a group
-// are read from shared-memory tables replicated once per bank, so the warp's 32 random lookups never
-// conflict. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
+// are read from shared-memory tables replicated kReplicas times across the banks, so the warp's 32 random
+// lookups conflict at most two-way. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
 // fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
 constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
 constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
@@ -261,15 +262,16 @@ struct FmtIQ2 {
       grid_idx = (word(q, 2 * (G >> 2)) >> (8 * (G & 3))) & 255u;
       sign_idx = (word(q, 2 * (G >> 2) + 1) >> (7 * (G & 3))) & 127u;
     }
-    const uint32_t sel = tab[grid_idx * 32 + lane] | tab[(GRID + sign_idx) * 32 + lane];
+    const int r = lane % kReplicas;
+    const uint32_t sel = tab[grid_idx * kReplicas + r] | tab[(GRID + sign_idx) * kReplicas + r];
     iq2_values(sel, s.mul[G >> 1], a);
   }
 };
 
 // ---------------------------------------------------------------------------------------------- kernel
 template <class F>
-constexpr int stage_chunks() {  // chunks per activation stage: 512 k (1024 for IQ2)
-  return F::KB >= 256 ? 4 : 512 / F::KB;
+constexpr int stage_chunks() {  // chunks per activation stage (>= kStages - 1, see the group count below)
+  return F::KB >= 256 ? 3 : 4;
 }
 template <class F>
 constexpr int x_row_elems() {
@@ -277,15 +279,29 @@ constexpr int x_row_elems() {
 }
 template <class F>
 constexpr int table_words() {
-  if constexpr (F::E == 64) return (F::GRID + 128) * 32;
+  if constexpr (F::E == 64) return (F::GRID + 128) * kReplicas;
   return 0;
+}
+template <class F>
+constexpr int slot_bytes() {  // one chunk of a warp: 1 KB of codes, then its 16 rows' scale bytes
+  return 1024 + 16 * F::META + 16 * F::META2 + (F::ACC && F::E != 64 ? 16 : 0);
+}
+template <class F, int MT>
+constexpr int smem_bytes() {
+  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + kWarps * kStages * slot_bytes<F>();
+}
+template <class F, int MT>
+constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 2..4
+  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT>() + 1024);
+  return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
 
 template <class F, int MT>
-__global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p) {
+__global__ void __launch_bounds__(kThreads, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
-  static_assert(XC % kDepth == 0, "the register ring must cycle within a stage");
+  constexpr int SLOT = slot_bytes<F>();
+  static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
 
@@ -296,9 +312,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p
   const int n16 = nblk * kWarps + warp;
   const bool rows_live = n16 < p.n16;
   const int m0 = mtile * TOK;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * SLOT;
 
-  if constexpr (table_words<F>() > 0) {  // replicate each table word into all 32 banks
-    for (int i = threadIdx.x; i < table_words<F>(); i += kThreads) tab[i] = __ldg(p.tables + (i >> 5));
+  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
+    for (int i = threadIdx.x; i < table_words<F>(); i += kThreads) tab[i] = __ldg(p.tables + i / kReplicas);
   }
 
   // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M, K and the split.
@@ -312,21 +329,32 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p
       const bool ok = m < p.M && k < k_end;
       cp_async16(dst + r * XROW + pc * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
     }
-    cp_async_commit();
   };
 
-  // The warp's code tiles: chunk c, half h at codes[(n16 * chunks + c) * 64 + h * 32 + lane] (uint4 units);
-  // its scale bytes: (n16 * chunks + c) * 16 + h * 8 + q rows of META bytes.
+  // This lane's copies of chunk c into ring slot c % kStages: its two 16-byte code pieces (tile (n16, c),
+  // halves 0 and 1), and lanes 0.. / 16.. copy the tile's scale bytes (16 rows × META / META2, contiguous).
   const size_t tile0 = size_t(rows_live ? n16 : 0) * p.chunks;
-  const uint4* wp = p.codes + tile0 * 64 + lane;
-  const uint8_t* mp = p.meta + (tile0 * 16 + q) * F::META;
-  const uint8_t* mp2 = p.meta2 + (tile0 * 16 + q) * F::META2;
-  auto load_codes = [&](int c, uint4 (&v)[2]) {
-    if (rows_live && c < c_end) {
-      v[0] = __ldg(wp + size_t(c) * 64);
-      v[1] = __ldg(wp + size_t(c) * 64 + 32);
-    } else {
-      v[0] = v[1] = make_uint4(0, 0, 0, 0);
+  auto issue = [&](int c) {
+    if (!rows_live || c >= c_end) return;
+    uint8_t* slot = ring + (c % kStages) * SLOT;
+    const uint4* codes = p.codes + (tile0 + c) * 64;
+    cp_async16(slot + 16 * lane, codes + lane, 16);
+    cp_async16(slot + 512 + 16 * lane, codes + 32 + lane, 16);
+    if constexpr (F::META > 0) {
+      if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, p.meta + (tile0 + c) * 16 * F::META + 16 * lane, 16);
+    }
+    if constexpr (F::META2 > 0) {
+      if (lane >= 16 && lane < 16 + F::META2)
+        cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16),
+                   p.meta2 + (tile0 + c) * 16 * F::META2 + 16 * (lane - 16), 16);
+    }
+    if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the warp)
+      if (lane == 0) {
+        const int kblocks = (p.K + 127) / 128;
+        const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
+                     "l"(p.block_scale + size_t(n16 / 8) * kblocks + (c * F::KB) / 128));
+      }
     }
   };
 
@@ -334,67 +362,74 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p
 #pragma unroll
   for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-  uint4 ring[kDepth][2];
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d) load_codes(c_begin + d, ring[d]);
-
+  // cp.async groups, one committed per chunk in order: group g holds chunk g's weights (and, for the first
+  // chunk of stage s, the activations of stage s+1). Waiting until kStages-2 groups remain before chunk i's
+  // commit completes group i; stage s+1's activations (group first(s) + kStages-1) are then complete by
+  // first(s+1) = first(s) + XC because XC >= kStages - 1.
   if (c_begin < c_end) load_stage(c_begin, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(c_begin + s);
+    cp_async_commit();
+  }
   int buf = 0;
   for (int base = c_begin; base < c_end; base += XC) {
-    if (base + XC < c_end) {  // prefetch the next activation stage, wait for this one
-      load_stage(base + XC, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
     const __nv_bfloat16* xrow = xs + buf * XSTAGE + q * XROW + F::E * t;
     static_for<XC>([&](auto U) {
-      constexpr int u = decltype(U)::value, d = u % kDepth;
+      constexpr int u = decltype(U)::value;
       const int c = base + u;
-      if (c < c_end) {
-        uint4 next[2];
-        load_codes(c + kDepth, next);  // refill this slot while the chunk below is decoded
-        const size_t mrow = size_t(c) * 16;
-        const auto s0 = F::scale(mp + mrow * F::META, mp2 + mrow * F::META2, t, ring[d][0], p.scale_mul);
-        const auto s1 = F::scale(mp + (mrow + 8) * F::META, mp2 + (mrow + 8) * F::META2, t, ring[d][1], p.scale_mul);
-        float part[MT][4];
-#pragma unroll
-        for (int j = 0; j < MT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.f;
-        float(&target)[MT][4] = F::ACC ? part : acc;
-        static_for<F::E / 8>([&](auto G) {
-          constexpr int g = decltype(G)::value;
-          uint32_t ar[4], ar8[4];
-          F::template decode8<g>(ring[d][0], s0, tab, lane, ar);
-          F::template decode8<g>(ring[d][1], s1, tab, lane, ar8);
-#pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            const uint4 b = *reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g);
-            mma16816(target[j], ar[0], ar8[0], ar[1], ar8[1], b.x, b.y);
-            mma16816(target[j], ar[2], ar8[2], ar[3], ar8[3], b.z, b.w);
-          }
-        });
-        if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
-          float s[2];
-          if constexpr (F::E == 64) {
-            s[0] = rows_live ? F::acc_scale(mp + mrow * F::META) : 0.f;
-            s[1] = rows_live ? F::acc_scale(mp + (mrow + 8) * F::META) : 0.f;
-          } else {  // FP8_BLOCK: uniform over the warp's 16 rows and the chunk's 64 k
-            const int kblocks = (p.K + 127) / 128;
-            s[0] = s[1] = rows_live ? __ldg(p.block_scale + size_t(n16 / 8) * kblocks + (c * F::KB) / 128) : 0.f;
-          }
-#pragma unroll
-          for (int j = 0; j < MT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][e] += s[e >> 1] * part[j][e];
+      if (c < c_end) {  // uniform over the CTA
+        cp_async_wait<kStages - 2>();
+        if (u == 0) {
+          __syncthreads();  // this stage's activations are visible; every warp is done with the last one
+          if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
         }
-        ring[d][0] = next[0];
-        ring[d][1] = next[1];
+        __syncwarp();  // the scale bytes other lanes copied are visible; slot c-1 is free
+        issue(c + kStages - 1);
+        cp_async_commit();
+        if (rows_live) {
+          const uint8_t* slot = ring + (c % kStages) * SLOT;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+          const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+          const uint8_t* m = slot + 1024;
+          const uint8_t* m2 = slot + 1024 + 16 * F::META;
+          const auto s0 = F::scale(m + q * F::META, m2 + q * F::META2, t, w0, p.scale_mul);
+          const auto s1 = F::scale(m + (8 + q) * F::META, m2 + (8 + q) * F::META2, t, w1, p.scale_mul);
+          float part[MT][4];
+#pragma unroll
+          for (int j = 0; j < MT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.f;
+          float(&target)[MT][4] = F::ACC ? part : acc;
+          static_for<F::E / 8>([&](auto G) {
+            constexpr int g = decltype(G)::value;
+            uint32_t ar[4], ar8[4];
+            F::template decode8<g>(w0, s0, tab, lane, ar);
+            F::template decode8<g>(w1, s1, tab, lane, ar8);
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+              const uint4 b = *reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g);
+              mma16816(target[j], ar[0], ar8[0], ar[1], ar8[1], b.x, b.y);
+              mma16816(target[j], ar[2], ar8[2], ar[3], ar8[3], b.z, b.w);
+            }
+          });
+          if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
+            float sc[2];
+            if constexpr (F::E == 64) {
+              sc[0] = F::acc_scale(m + q * F::META);
+              sc[1] = F::acc_scale(m + (8 + q) * F::META);
+            } else {
+              sc[0] = sc[1] = *reinterpret_cast<const float*>(m);
+            }
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[j][e] += sc[e >> 1] * part[j][e];
+          }
+        }
       }
     });
-    __syncthreads();  // the stage is consumed: the next prefetch may overwrite it
     buf ^= 1;
   }
+  cp_async_wait<0>();
 
   // Epilogue. c0,c1: row q, tokens 2t, 2t+1; c2,c3: row q+8.
   const int row0 = n16 * 16 + q;
@@ -446,11 +481,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(const MmaParams p
 
 template <class F, int MT>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
-  constexpr int smem_bytes = table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * int(sizeof(__nv_bfloat16));
+  constexpr int bytes = smem_bytes<F, MT>();
+  static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   auto kernel = mma_gemm_kernel<F, MT>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(mtiles, p.splits, nblocks), kThreads, smem_bytes, stream>>>(p);
+  kernel<<<dim3(mtiles, p.splits, nblocks), kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -466,6 +502,36 @@ cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stre
 }
 
 }  // namespace
+
+template <class F, int MT>
+int blocks_per_sm() {
+  auto kernel = mma_gemm_kernel<F, MT>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  return blocks;
+}
+
+template <class F>
+int blocks_per_sm_mt(int mt) {
+  return mt == 1 ? blocks_per_sm<F, 1>() : mt == 2 ? blocks_per_sm<F, 2>() : mt == 4 ? blocks_per_sm<F, 4>() : 0;
+}
+
+int mma_blocks_per_sm(int format, int mt) {
+  switch (format) {
+    case kMmaFP8: return blocks_per_sm_mt<FmtFP8>(mt);
+    case kMmaFP8_BLOCK: return blocks_per_sm_mt<FmtFP8Block>(mt);
+    case kMmaMXFP8: return blocks_per_sm_mt<FmtMXFP8>(mt);
+    case kMmaNVFP4: return blocks_per_sm_mt<FmtFP4<true>>(mt);
+    case kMmaMXFP4: return blocks_per_sm_mt<FmtFP4<false>>(mt);
+    case kMmaQ8_0: return blocks_per_sm_mt<FmtQ8_0>(mt);
+    case kMmaIQ2_XXS: return blocks_per_sm_mt<FmtIQ2<false>>(mt);
+    case kMmaIQ2_XS: return blocks_per_sm_mt<FmtIQ2<true>>(mt);
+    default: return 0;
+  }
+}
 
 int mma_chunk_k(int format) {
   switch (format) {

@@ -71,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("stream"));
 
   m.def("mma_chunk_k", &b12x::mma_chunk_k, py::arg("format"));
+  m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"));
 
   m.def(
       "mma_gemm",

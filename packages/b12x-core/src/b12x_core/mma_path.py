@@ -63,12 +63,27 @@ def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
     return out
 
 
-def default_config(m: int, n: int, chunks: int, sms: int) -> MmaConfig:
-    """A token tile that covers M in few tiles, and enough K splits that ~2 CTAs run per SM."""
+def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16) -> MmaConfig:
+    """The token tile that covers M in the fewest tiles, and the K split whose CTAs fill the GPU's `slots`
+    (SMs × CTAs per SM) in the most even waves: a last partial wave leaves SMs idle while it runs. Each split
+    keeps at least 4 chunks; more splits cost a little (partials written and summed), so ties take fewer."""
     mt = 1 if m <= 8 else 2 if m <= 16 else 4
-    ctas = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
-    splits = max(1, min(chunks // 4, round(2 * sms / ctas)))
-    return MmaConfig(mt, max(1, min(splits, 32)))
+    tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+
+    def cost(splits: int) -> float:
+        waves = tiles * splits / slots
+        return -(-waves // 1) / waves + 0.01 * splits
+
+    candidates = range(1, max(1, min(max_splits, chunks // 4)) + 1)
+    return MmaConfig(mt, min(candidates, key=cost))
+
+
+def slots(fmt: str, mt: int, device) -> int:
+    """CTAs that run at once: SMs × the kernel's CTAs per SM (occupancy of that format and token tile)."""
+    import b12x_kernels
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * max(1, b12x_kernels.mma_blocks_per_sm(mma_layout.FORMAT_IDS[fmt], mt))
 
 
 @dataclass

@@ -59,6 +59,11 @@ def gemv_elem(
     _C.gemv_elem(ELEM_FORMAT_IDS[fmt], w, scales, tensor_scale, x, bias, y, ldy, m, n, k, stream)
 
 
+def mma_blocks_per_sm(fmt_id: int, mt: int) -> int:
+    """How many CTAs of the tensor-core GEMM (format id, token tile) one SM of the current device holds."""
+    return _C.mma_blocks_per_sm(fmt_id, mt)
+
+
 def mma_gemm(
     fmt_id: int,
     codes: int,
