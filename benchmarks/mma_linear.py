@@ -69,10 +69,12 @@ def main() -> None:
     parser.add_argument("--formats", default=FORMATS)
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
+    args.rts = [int(r) for r in args.rt.split(",")]
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
@@ -119,23 +121,23 @@ def main() -> None:
                 return time_graph(layer, len(layers), args.replays)
 
             mt = mma_path.default_config(m, 1, 1, 1).mt
-            slots = mma_path.slots(fmt, mt, "cuda")
-            defaults = [mma_path.default_config(m, s.n, s.chunks, slots) for s in one_layer]
-            t = timed(defaults)
-            label = " ".join(f"{c.mt}/{c.splits}" for c in defaults)
-            results = [(t, label)]
+            results = []
+            for rt in args.rts:
+                slots = mma_path.slots(fmt, mt, "cuda", rt)
+                defaults = [mma_path.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                results.append((timed(defaults), f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)))
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = list(defaults)
+                best = [mma_path.default_config(m, s.n, s.chunks, mma_path.slots(fmt, mt, "cuda")) for s in one_layer]
                 for li, s in enumerate(one_layer):
-                    cands = [mma_path.MmaConfig(mt, sp) for mt in mma_path.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
-                             for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks]  # fmt: skip
+                    cands = [mma_path.MmaConfig(mt, sp, rt) for mt in mma_path.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
+                             for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks for rt in args.rts]  # fmt: skip
                     timings = []
                     for c in cands:
                         trial = list(best)
                         trial[li] = c
                         timings.append((timed(trial), c))
                     best[li] = min(timings, key=lambda r: r[0])[1]
-                results.append((timed(best), "best " + " ".join(f"{c.mt}/{c.splits}" for c in best)))
+                results.append((timed(best), "best " + " ".join(f"{c.rt}:{c.mt}/{c.splits}" for c in best)))
             t_bf16, t_fp8 = base[m]
             for t, label in results:
                 row = dict(m=m, format=fmt, config=label, us=t, gbs=nbytes / t / 1e3, pct_copy=100 * nbytes / t / 1e3 / bw,

@@ -59,16 +59,17 @@ def test_matches_the_oracle(rng, fmt):
             ref = x.double().cpu() @ w64.T + bias.double().cpu()
             chunks = shards[0].chunks
             for mt in mma_path.TOKEN_TILES:
-                for splits in sorted({1, min(3, chunks), chunks}):
-                    y = _run(x, shards, n, bias, mma_path.MmaConfig(mt, splits))
-                    close(y, ref)
+                for rt in (1, 2):
+                    for splits in sorted({1, min(3, chunks), chunks}):
+                        y = _run(x, shards, n, bias, mma_path.MmaConfig(mt, splits, rt))
+                        close(y, ref)
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, fmt):
     n, k = 384, 8 * mma_layout.chunk_k(fmt)
     w64, shards = _case(rng, fmt, n, k)
-    config = mma_path.MmaConfig(2, 5)
+    config = mma_path.MmaConfig(2, 5, 2)
     x = torch.randn(13, k, device="cuda").to(torch.bfloat16)
     first = _run(x, shards, n, None, config)
     assert torch.equal(first, _run(x, shards, n, None, config))

@@ -47,6 +47,7 @@ struct MmaArgs {
   int ldy, M, N, K;
   int chunks;                 // K chunks in the repacked weight (K padded to mma_chunk_k)
   int mt;                     // token tile = 8 * mt tokens (1, 2 or 4)
+  int rt;                     // row tiles of 16 per warp (1 or 2): 8/rt warps per CTA
   int splits;                 // K splits; > 1 needs partials and tickets
   float* partials;            // fp32 [splits, M, N]
   int* tickets;               // int [ceil(N/128) * ceil(M/(8*mt))], zero at rest (the kernel leaves it zero)
@@ -55,7 +56,7 @@ struct MmaArgs {
 // K elements per chunk for a format (0 if unknown).
 int mma_chunk_k(int format);
 // CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.
-int mma_blocks_per_sm(int format, int mt);
+int mma_blocks_per_sm(int format, int mt, int rt);
 cudaError_t mma_gemm(const MmaArgs& args, cudaStream_t stream);
 
 }  // namespace b12x

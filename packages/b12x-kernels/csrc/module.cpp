@@ -71,31 +71,32 @@ PYBIND11_MODULE(_C, m) {
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("stream"));
 
   m.def("mma_chunk_k", &b12x::mma_chunk_k, py::arg("format"));
-  m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"));
+  m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"));
 
   m.def(
       "mma_gemm",
       [](int format, std::uintptr_t codes, std::uintptr_t meta, std::uintptr_t meta2, std::uintptr_t block_scale,
          std::uintptr_t tables, float alpha, float scale_mul, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int ldy, int M,
-         int N, int K, int chunks, int mt, int splits, std::uintptr_t partials, std::uintptr_t tickets,
+         int N, int K, int chunks, int mt, int rt, int splits, std::uintptr_t partials, std::uintptr_t tickets,
          std::uintptr_t stream) {
         const int ck = b12x::mma_chunk_k(format);
         if (!ck) throw std::invalid_argument("mma_gemm: unknown format " + std::to_string(format));
         if (M < 1 || N < 1 || K < 8 || K % 8) throw std::invalid_argument("mma_gemm: need M, N >= 1 and K % 8 == 0");
         if (chunks * ck < K) throw std::invalid_argument("mma_gemm: the repacked weight covers fewer than K columns");
         if (mt != 1 && mt != 2 && mt != 4) throw std::invalid_argument("mma_gemm: mt must be 1, 2 or 4");
+        if (rt != 1 && rt != 2) throw std::invalid_argument("mma_gemm: rt must be 1 or 2");
         if (splits < 1 || splits > chunks) throw std::invalid_argument("mma_gemm: splits must be in 1..chunks");
         if (splits > 1 && (!partials || !tickets)) throw std::invalid_argument("mma_gemm: split K needs workspaces");
         if (!codes || !x || !y || (codes | x) % 16) throw std::invalid_argument("mma_gemm: null or misaligned pointer");
         b12x::MmaArgs a{format, ptr<const uint8_t>(codes), ptr<const uint8_t>(meta), ptr<const uint8_t>(meta2),
                         ptr<const float>(block_scale), ptr<const uint32_t>(tables), alpha, scale_mul,
                         ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), ldy, M,
-                        N, K, chunks, mt, splits, ptr<float>(partials), ptr<int>(tickets)};
+                        N, K, chunks, mt, rt, splits, ptr<float>(partials), ptr<int>(tickets)};
         check(b12x::mma_gemm(a, reinterpret_cast<cudaStream_t>(stream)), "mma_gemm launch");
       },
       py::arg("format"), py::arg("codes"), py::arg("meta"), py::arg("meta2"), py::arg("block_scale"),
       py::arg("tables"), py::arg("alpha"), py::arg("scale_mul"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("ldy"), py::arg("M"),
-      py::arg("N"), py::arg("K"), py::arg("chunks"), py::arg("mt"), py::arg("splits"), py::arg("partials"),
+      py::arg("N"), py::arg("K"), py::arg("chunks"), py::arg("mt"), py::arg("rt"), py::arg("splits"), py::arg("partials"),
       py::arg("tickets"), py::arg("stream"));
 
   m.def(

@@ -39,6 +39,10 @@ class MmaShard:
 class MmaConfig:
     mt: int  # token tile of 8·mt tokens
     splits: int  # K splits (deterministic in-order reduction when > 1)
+    rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
+
+    def __str__(self) -> str:
+        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits"
 
 
 def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
@@ -63,7 +67,7 @@ def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
     return out
 
 
-def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16) -> MmaConfig:
+def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1) -> MmaConfig:
     """The token tile that covers M in the fewest tiles, and the K split whose CTAs fill the GPU's `slots`
     (SMs × CTAs per SM) in the most even waves: a last partial wave leaves SMs idle while it runs. Each split
     keeps at least 4 chunks; more splits cost a little (partials written and summed), so ties take fewer."""
@@ -75,15 +79,15 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
         return -(-waves // 1) / waves + 0.01 * splits
 
     candidates = range(1, max(1, min(max_splits, chunks // 4)) + 1)
-    return MmaConfig(mt, min(candidates, key=cost))
+    return MmaConfig(mt, min(candidates, key=cost), rt)
 
 
-def slots(fmt: str, mt: int, device) -> int:
+def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
     """CTAs that run at once: SMs × the kernel's CTAs per SM (occupancy of that format and token tile)."""
     import b12x_kernels
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms * max(1, b12x_kernels.mma_blocks_per_sm(mma_layout.FORMAT_IDS[fmt], mt))
+    return sms * max(1, b12x_kernels.mma_blocks_per_sm(mma_layout.FORMAT_IDS[fmt], mt, rt))
 
 
 @dataclass
@@ -114,7 +118,7 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
             0 if s.meta is None else s.meta.data_ptr(), 0 if s.meta2 is None else s.meta2.data_ptr(),
             0 if s.block_scale is None else s.block_scale.data_ptr(), 0 if s.tables is None else s.tables.data_ptr(),
             s.alpha, s.scale_mul, x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(), y[:, s.row :].data_ptr(),
-            y.shape[1], m, s.n, s.k, s.chunks, config.mt, min(config.splits, s.chunks),
+            y.shape[1], m, s.n, s.k, s.chunks, config.mt, config.rt, min(config.splits, s.chunks),
             0 if workspace is None else workspace.partials.data_ptr(),
             0 if workspace is None else workspace.tickets.data_ptr(), stream,
         )  # fmt: skip

@@ -59,9 +59,10 @@ def gemv_elem(
     _C.gemv_elem(ELEM_FORMAT_IDS[fmt], w, scales, tensor_scale, x, bias, y, ldy, m, n, k, stream)
 
 
-def mma_blocks_per_sm(fmt_id: int, mt: int) -> int:
-    """How many CTAs of the tensor-core GEMM (format id, token tile) one SM of the current device holds."""
-    return _C.mma_blocks_per_sm(fmt_id, mt)
+def mma_blocks_per_sm(fmt_id: int, mt: int, rt: int) -> int:
+    """How many CTAs of the tensor-core GEMM (format id, token tile, row tiles per warp) one SM of the current
+    device holds."""
+    return _C.mma_blocks_per_sm(fmt_id, mt, rt)
 
 
 def mma_gemm(
@@ -82,14 +83,16 @@ def mma_gemm(
     k: int,
     chunks: int,
     mt: int,
+    rt: int,
     splits: int,
     partials: int,
     tickets: int,
     stream: int,
 ) -> None:
     """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
-    = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt) and `splits` (K splits) are the caller's choice."""
-    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt, splits,
+    = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt), `rt` (row tiles of 16 per warp) and `splits` (K
+    splits) are the caller's choice."""
+    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt, rt, splits,
                 partials, tickets, stream)  # fmt: skip
 
 

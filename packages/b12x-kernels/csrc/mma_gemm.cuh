@@ -1,0 +1,568 @@
+#pragma once
+// Tensor-core mixed-input GEMM (Marlin class) for every b12x weight format with bf16-valued activations:
+//   y[m, n] = alpha * sum_k x[m, k] * W[n, k] (+ bias[n])
+//
+// Why this shape (the GEMV and decode-to-bf16 paths it replaces could not beat bf16 above one token):
+// - Weights are the MMA's A operand (m16 = 16 weight rows), tokens its B operand (n8 = 8 tokens), so a
+//   decode-sized call pads tokens to 8, not to 16, and every weight byte is read once per token tile.
+// - The weight is repacked at prepare time (b12x_core/mma_layout.py, lossless) into 1 KB tiles: 16 rows × one
+//   "chunk" of K, stored as two 512-byte halves (rows 0-7, rows 8-15) in lane order. A warp reads a half with
+//   one coalesced 16-byte load per lane. Lane (q = lane/4, t = lane%4) gets row q (and q+8) and the t-th
+//   16-byte quarter of the chunk: E consecutive elements (E = 16 for 8-bit codes, 32 for FP4, 64 for IQ2).
+// - The MMA's k order is free as long as A and B agree, so lane t's MMA k slots hold *its own* E elements:
+//   step s uses lane elements 4s..4s+3 (slots 2t,2t+1 <- 4s,4s+1 and 2t+8,2t+9 <- 4s+2,4s+3). B then needs
+//   x[token, kchunk + E·t + 4s .. +4): contiguous, one 16-byte shared-memory load per two steps.
+// - Codes are decoded in registers straight into bf16 A fragments with shifts/masks (E2M1, E4M3 as
+//   bf16 bit patterns scaled by an exact power of two), byte permutes (IQ2 grid values through a 6-entry
+//   PRMT table; Q8_0 through the 2^23 float trick), then multiplied by their block scale in bf16. E2M1·E8M0,
+//   E2M1·E4M3 and E4M3·E8M0 products are exact in bf16; Q8_0 (q·d) and IQ2 (grid·d·(0.5+s)/4) round once
+//   to bf16 (2^-9 relative, inside the kernels' closeness contract); FP8_BLOCK's fp32 scale multiplies the
+//   fp32 accumulator per chunk instead (exact); per-tensor scales multiply the result (alpha).
+// - Activations for a token tile are staged in shared memory per K stage by cp.async, double buffered;
+//   weights stream through a register ring D chunks deep, so ~4 KB per warp are in flight.
+// - Split-K fills the GPU at small N: each split writes fp32 partials, the last CTA of an output tile (an
+//   atomic ticket) sums them in split order — deterministic, no atomics on data — and resets the ticket.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
+#include <utility>
+
+#include "kernels.h"
+
+namespace b12x {
+namespace mma {
+
+constexpr int kWarps = 8;  // row tiles (of 16) per CTA: 128 rows
+constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
+constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
+
+struct MmaParams {
+  const uint4* codes;        // repacked code tiles
+  const uint8_t* meta;       // per (row, chunk) scale bytes, row-blocked (see mma_layout.py)
+  const uint8_t* meta2;      // IQ2_XS: its 8 sub-block scale bytes per (row, chunk)
+  const float* block_scale;  // FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
+  const uint32_t* tables;    // IQ2: grid nibble codes [grid entries] then sign nibble masks [128]
+  float alpha;
+  float scale_mul;  // power of two applied to block scales (alpha carries its inverse)
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* bias;
+  __nv_bfloat16* y;
+  int ldy, M, N, K, n16, chunks, chunks_per_split, splits;
+  float* partials;  // [splits, M, N] fp32 (splits > 1)
+  int* tickets;     // [m tiles, n blocks], zero at rest
+};
+
+// ---------------------------------------------------------------------------------------------- helpers
+__device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {  // bf16x2 a*b, subnormals kept
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t splat_bf16(float f) {  // f must be exact in bf16
+  const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  return h | (h << 16);
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float e8m0_to_float(uint32_t b) {
+  return b == 0 ? __int_as_float(0x00400000) : __int_as_float(int(b) << 23);  // 2^(b-127)
+}
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3)));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {  // i is a compile-time constant
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+// f(std::integral_constant<int, 0>) ... f(<N-1>): register arrays stay indexed by constants.
+template <class Fn, int... I>
+__device__ __forceinline__ void static_for_impl(Fn&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class Fn>
+__device__ __forceinline__ void static_for(Fn&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
+
+// E4M3 byte pair -> bf16x2 bit patterns worth value·2^-120 (the exponent field moves from 4 to 8 bits
+// unchanged, subnormals included). The repack puts a pair's two bytes at bytes (0, 2) or (1, 3) of a word.
+__device__ __forceinline__ uint32_t e4m3_pair_lo(uint32_t w) {
+  return ((w << 4) & 0x07F007F0u) | ((w << 8) & 0x80008000u);
+}
+__device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
+  return ((w >> 4) & 0x07F007F0u) | (w & 0x80008000u);
+}
+// ---------------------------------------------------------------------------------------------- formats
+// Each format says: E (elements of one row per lane per chunk), KB (K per chunk), META / META2 (scale bytes per
+// row and chunk in `meta` / `meta2`), how a lane builds its per-chunk scale state S for one row from those bytes,
+// decode8<G>: lane elements 8G..8G+7 of that row as four bf16x2 pairs (pair i = elements 8G+2i, 8G+2i+1), and
+// ACC: whether a per-row fp32 factor multiplies the chunk's partial sums instead (acc_scale).
+// `mul` (MmaParams::scale_mul) is the power of two that brings bit-pattern decodes into range: the host picks it
+// so every block scale times it fits bf16, and folds its inverse into alpha.
+struct FmtFP8 {  // per-tensor FP8 (scale in alpha)
+  static constexpr int E = 16, KB = 64, META = 0, META2 = 0;
+  static constexpr bool ACC = false;
+  struct S {
+    uint32_t mul;
+  };
+  __device__ static S scale(const uint8_t*, const uint8_t*, int, const uint4&, float mul) { return {splat_bf16(mul)}; }
+  template <int G>
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
+    const uint32_t w0 = word(q, 2 * G), w1 = word(q, 2 * G + 1);
+    a[0] = bmul(e4m3_pair_lo(w0), s.mul);
+    a[1] = bmul(e4m3_pair_hi(w0), s.mul);
+    a[2] = bmul(e4m3_pair_lo(w1), s.mul);
+    a[3] = bmul(e4m3_pair_hi(w1), s.mul);
+  }
+};
+
+struct FmtFP8Block : FmtFP8 {  // FP8_BLOCK: one fp32 scale per 128 rows × 128 k multiplies the partial sums
+  static constexpr bool ACC = true;
+};
+
+struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chunk; lane t uses scale t/2
+  static constexpr int META = 2;
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float mul) {
+    return {splat_bf16(e8m0_to_float(m[t >> 1]) * mul)};
+  }
+};
+
+// E2M1 pair p of a repacked word (mma_layout.py): the low element's magnitude at bits L..L+2 and the high
+// one's at L+16.., L = 6, 3, 0, 9 for p = 0..3; their signs at bits 12+p and 28+p. Shifting the magnitudes to
+// bits 6-8 / 22-24 and the signs to 15 / 31 makes bf16 bit patterns worth value·2^-126.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
+  constexpr int L[4] = {6, 3, 0, 9};
+  const uint32_t mag = (L[P] <= 6 ? w << (6 - L[P]) : w >> (L[P] - 6)) & 0x01C001C0u;
+  return mag | ((w << (3 - P)) & 0x80008000u);
+}
+
+template <bool NV>
+struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 16: two per lane)
+  static constexpr int E = 32, KB = 128, META = NV ? 8 : 4, META2 = 0;
+  static constexpr bool ACC = false;
+  struct S {
+    uint32_t mul[2];
+  };
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float mul) {
+    if constexpr (NV) {
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(m + 2 * t);
+      return {{splat_bf16(e4m3_to_float(two & 0xFFu) * mul), splat_bf16(e4m3_to_float(two >> 8) * mul)}};
+    } else {
+      const uint32_t v = splat_bf16(e8m0_to_float(m[t]) * mul);
+      return {{v, v}};
+    }
+  }
+  template <int G>
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
+    const uint32_t w = word(q, G), m = s.mul[G >> 1];
+    a[0] = bmul(e2m1_pair<0>(w), m);
+    a[1] = bmul(e2m1_pair<1>(w), m);
+    a[2] = bmul(e2m1_pair<2>(w), m);
+    a[3] = bmul(e2m1_pair<3>(w), m);
+  }
+};
+
+struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (two per row and chunk)
+  static constexpr int E = 16, KB = 64, META = 4, META2 = 0;
+  static constexpr bool ACC = false;
+  struct S {
+    float d;
+  };
+  __device__ static S scale(const uint8_t* m, const uint8_t*, int t, const uint4&, float) {
+    return {__half2float(reinterpret_cast<const __half*>(m)[t >> 1])};
+  }
+  // 2^23 + u as a float is exact for a byte u, so (that - 2^23 - 128) is q exactly; q·d is exact in fp32.
+  __device__ static float q8(uint32_t w, int byte) {
+    return __int_as_float(prmt(w, 0x4B000000u, 0x7440u | byte)) - 8388736.0f;
+  }
+  template <int G>
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t*, int, uint32_t (&a)[4]) {
+    const uint32_t w0 = word(q, 2 * G), w1 = word(q, 2 * G + 1);
+    a[0] = pack_bf16(q8(w0, 0) * s.d, q8(w0, 1) * s.d);
+    a[1] = pack_bf16(q8(w0, 2) * s.d, q8(w0, 3) * s.d);
+    a[2] = pack_bf16(q8(w1, 0) * s.d, q8(w1, 1) * s.d);
+    a[3] = pack_bf16(q8(w1, 2) * s.d, q8(w1, 3) * s.d);
+  }
+};
+
+// IQ2: one 256-weight block per row and chunk; lane t holds weights 64t..64t+63 (8 groups of 8).
+// A group's 8 grid values {8, 25, 43} with their signs come out of two PRMTs over a 6-entry byte table
+// (selector nibble = grid code 0..2, plus 4 when negative); the grid-code word and the sign word of a group
+// are read from shared-memory tables replicated kReplicas times across the banks, so the warp's 32 random
+// lookups conflict at most two-way. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
+// fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
+constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
+constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
+
+__device__ __forceinline__ void iq2_values(uint32_t sel, uint32_t mul, uint32_t (&a)[4]) {
+  uint32_t lo = prmt(kLo0, kLo1, sel), hi = prmt(kHi0, kHi1, sel);
+  a[0] = bmul(prmt(lo, hi, 0x5140u), mul);
+  a[1] = bmul(prmt(lo, hi, 0x7362u), mul);
+  lo = prmt(kLo0, kLo1, sel >> 16);
+  hi = prmt(kHi0, kHi1, sel >> 16);
+  a[2] = bmul(prmt(lo, hi, 0x5140u), mul);
+  a[3] = bmul(prmt(lo, hi, 0x7362u), mul);
+}
+
+template <bool XS>
+struct FmtIQ2 {
+  static constexpr int E = 64, KB = 256, META = 2, META2 = XS ? 8 : 0;
+  static constexpr bool ACC = true;
+  static constexpr int GRID = XS ? 512 : 256;  // grid entries; the sign table (128) follows in `tables`
+  struct S {
+    uint32_t mul[4];  // per 16 weights of the lane: IQ2_XXS sub-blocks 2t, 2t+1; IQ2_XS four nibbles
+  };
+  __device__ static S scale(const uint8_t*, const uint8_t* m2, int t, const uint4& q, float) {
+    S s;
+    if constexpr (XS) {
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(m2 + 2 * t);
+#pragma unroll
+      for (int h = 0; h < 4; ++h) s.mul[h] = splat_bf16(0.125f + 0.25f * float((two >> (4 * h)) & 15u));
+    } else {
+      s.mul[0] = s.mul[1] = splat_bf16(0.125f + 0.25f * float(q.y >> 28));
+      s.mul[2] = s.mul[3] = splat_bf16(0.125f + 0.25f * float(q.w >> 28));
+    }
+    return s;
+  }
+  __device__ static float acc_scale(const uint8_t* m) { return __half2float(*reinterpret_cast<const __half*>(m)); }
+  template <int G>
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
+    uint32_t grid_idx, sign_idx;
+    if constexpr (XS) {
+      const uint32_t v = word(q, G >> 1) >> (16 * (G & 1));
+      grid_idx = v & 511u;
+      sign_idx = (v >> 9) & 127u;
+    } else {
+      grid_idx = (word(q, 2 * (G >> 2)) >> (8 * (G & 3))) & 255u;
+      sign_idx = (word(q, 2 * (G >> 2) + 1) >> (7 * (G & 3))) & 127u;
+    }
+    const int r = lane % kReplicas;
+    const uint32_t sel = tab[grid_idx * kReplicas + r] | tab[(GRID + sign_idx) * kReplicas + r];
+    iq2_values(sel, s.mul[G >> 1], a);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------- kernel
+template <class F>
+constexpr int stage_chunks() {  // chunks per activation stage (>= kStages - 1, see the group count below)
+  return F::KB >= 256 ? 3 : 4;
+}
+// Activation rows in shared memory. A B-operand load (LDS.128) serves lanes (q, t): lanes t of one token read
+// 16-byte pieces p = E/8·t + g of the chunk; for E > 16 those collide in banks (t and t+2 are 128 bytes
+// apart for FP4, all four t for IQ2), so piece p is stored at p ^ ((p >> 3) & (E/16 - 1)), and each token row
+// is padded by E bytes so the two tokens of one load phase use the other half of the banks.
+template <class F>
+constexpr int x_swizzle_mask() {
+  return F::E / 16 - 1;
+}
+template <class F>
+constexpr int x_row_elems() {
+  return stage_chunks<F>() * F::KB + F::E / 2;
+}
+template <class F>
+constexpr int table_words() {
+  if constexpr (F::E == 64) return (F::GRID + 128) * kReplicas;
+  return 0;
+}
+template <class F>
+constexpr int slot_bytes() {  // one chunk of a warp: 1 KB of codes, then its 16 rows' scale bytes
+  return 1024 + 16 * F::META + 16 * F::META2 + (F::ACC && F::E != 64 ? 16 : 0);
+}
+template <class F, int MT>
+constexpr int smem_bytes() {
+  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + kWarps * kStages * slot_bytes<F>();
+}
+template <class F, int MT>
+constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 2..4
+  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT>() + 1024);
+  return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
+}
+
+// A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
+// each B operand loaded from shared memory feed RT tiles' MMAs.
+template <class F, int MT, int RT>
+__global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
+  extern __shared__ __align__(16) uint32_t smem[];
+  constexpr int WARPS = 8 / RT, THREADS = 32 * WARPS;
+  constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
+  constexpr int SLOT = slot_bytes<F>();
+  static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
+  uint32_t* tab = smem;
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
+  const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
+  const int c_begin = split * p.chunks_per_split;
+  const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
+  const int tile_base = (nblk * WARPS + warp) * RT;  // this warp's row tiles: tile_base .. tile_base + RT - 1
+  const bool rows_live = tile_base < p.n16;
+  const int m0 = mtile * TOK;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
+
+  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
+    for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
+  }
+
+  // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M, K and the split.
+  auto load_stage = [&](int c0, int buf) {
+    __nv_bfloat16* dst = xs + buf * XSTAGE;
+    constexpr int PIECES_PER_ROW = XC * F::KB / 8;
+    const int k_end = min(p.K, c_end * F::KB);
+    for (int i = threadIdx.x; i < TOK * PIECES_PER_ROW; i += THREADS) {
+      const int r = i / PIECES_PER_ROW, pc = i % PIECES_PER_ROW;
+      const int m = m0 + r, k = c0 * F::KB + pc * 8;
+      const bool ok = m < p.M && k < k_end;
+      const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
+      cp_async16(dst + r * XROW + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
+    }
+  };
+
+  // This lane's copies of chunk c into ring slot (c % kStages, tile r): its two 16-byte code pieces (halves 0
+  // and 1 of tile (n16, c)), and lanes 0.. / 16.. copy the tile's scale bytes (16 rows × META / META2).
+  auto issue = [&](int c) {
+    if (c >= c_end) return;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      const int n16 = tile_base + r;
+      if (n16 >= p.n16) break;
+      const size_t tile = size_t(n16) * p.chunks + c;
+      uint8_t* slot = ring + ((c % kStages) * RT + r) * SLOT;
+      const uint4* codes = p.codes + tile * 64;
+      cp_async16(slot + 16 * lane, codes + lane, 16);
+      cp_async16(slot + 512 + 16 * lane, codes + 32 + lane, 16);
+      if constexpr (F::META > 0) {
+        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, p.meta + tile * 16 * F::META + 16 * lane, 16);
+      }
+      if constexpr (F::META2 > 0) {
+        if (lane >= 16 && lane < 16 + F::META2)
+          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), p.meta2 + tile * 16 * F::META2 + 16 * (lane - 16),
+                     16);
+      }
+      if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
+        if (lane == 0) {
+          const int kblocks = (p.K + 127) / 128;
+          const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
+                       "l"(p.block_scale + size_t(n16 / 8) * kblocks + (c * F::KB) / 128));
+        }
+      }
+    }
+  };
+
+  float acc[RT][MT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+
+  // cp.async groups, one committed per chunk in order: group g holds chunk g's weights (and, for the first
+  // chunk of stage s, the activations of stage s+1). Waiting until kStages-2 groups remain before chunk i's
+  // commit completes group i; stage s+1's activations (group first(s) + kStages-1) are then complete by
+  // first(s+1) = first(s) + XC because XC >= kStages - 1.
+  if (c_begin < c_end) load_stage(c_begin, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(c_begin + s);
+    cp_async_commit();
+  }
+  // This lane's pieces E/8·t + g sit at g ^ (swizzle of t) within its E/8: offsets per g & mask, in elements.
+  constexpr int SW = x_swizzle_mask<F>();
+  int xoff[SW + 1];
+#pragma unroll
+  for (int r = 0; r <= SW; ++r) xoff[r] = ((r ^ ((F::E / 8 * t >> 3) & SW)) - r) * 8;
+  int buf = 0;
+  for (int base = c_begin; base < c_end; base += XC) {
+    const __nv_bfloat16* xrow = xs + buf * XSTAGE + q * XROW + F::E * t;
+    static_for<XC>([&](auto U) {
+      constexpr int u = decltype(U)::value;
+      const int c = base + u;
+      if (c < c_end) {  // uniform over the CTA
+        cp_async_wait<kStages - 2>();
+        if (u == 0) {
+          __syncthreads();  // this stage's activations are visible; every warp is done with the last one
+          if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
+        }
+        __syncwarp();  // the scale bytes other lanes copied are visible; slot c-1 is free
+        issue(c + kStages - 1);
+        cp_async_commit();
+        if (rows_live) {
+          uint4 w[RT][2];
+          typename F::S sc[RT][2];
+          float part[RT][MT][4];
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint8_t* slot = ring + ((c % kStages) * RT + r) * SLOT;
+            w[r][0] = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+            w[r][1] = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+            const uint8_t* m = slot + 1024;
+            const uint8_t* m2 = slot + 1024 + 16 * F::META;
+            sc[r][0] = F::scale(m + q * F::META, m2 + q * F::META2, t, w[r][0], p.scale_mul);
+            sc[r][1] = F::scale(m + (8 + q) * F::META, m2 + (8 + q) * F::META2, t, w[r][1], p.scale_mul);
+#pragma unroll
+            for (int j = 0; j < MT; ++j) part[r][j][0] = part[r][j][1] = part[r][j][2] = part[r][j][3] = 0.f;
+          }
+          float(&target)[RT][MT][4] = F::ACC ? part : acc;
+          static_for<F::E / 8>([&](auto G) {
+            constexpr int g = decltype(G)::value;
+            uint32_t ar[RT][4], ar8[RT][4];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              F::template decode8<g>(w[r][0], sc[r][0], tab, lane, ar[r]);
+              F::template decode8<g>(w[r][1], sc[r][1], tab, lane, ar8[r]);
+            }
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+              const uint4 b = *reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g + xoff[g & SW]);
+#pragma unroll
+              for (int r = 0; r < RT; ++r) {
+                mma16816(target[r][j], ar[r][0], ar8[r][0], ar[r][1], ar8[r][1], b.x, b.y);
+                mma16816(target[r][j], ar[r][2], ar8[r][2], ar[r][3], ar8[r][3], b.z, b.w);
+              }
+            }
+          });
+          if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint8_t* m = ring + ((c % kStages) * RT + r) * SLOT + 1024;
+              float s2[2];
+              if constexpr (F::E == 64) {
+                s2[0] = F::acc_scale(m + q * F::META);
+                s2[1] = F::acc_scale(m + (8 + q) * F::META);
+              } else {
+                s2[0] = s2[1] = *reinterpret_cast<const float*>(m);
+              }
+#pragma unroll
+              for (int j = 0; j < MT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[r][j][e] += s2[e >> 1] * part[r][j][e];
+            }
+          }
+        }
+      }
+    });
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // Epilogue. c0,c1: row q, tokens 2t, 2t+1; c2,c3: row q+8.
+  auto token = [&](int j, int e) { return m0 + 8 * j + 2 * t + (e & 1); };
+  auto row = [&](int r, int e) { return (tile_base + r) * 16 + q + 8 * (e >> 1); };
+  auto in_range = [&](int r, int j, int e) { return token(j, e) < p.M && row(r, e) < p.N; };
+  auto finish = [&](int r, int j, int e, float v) {
+    if (!in_range(r, j, e)) return;
+    const int n = row(r, e);
+    v *= p.alpha;
+    if (p.bias) v += __bfloat162float(p.bias[n]);
+    p.y[size_t(token(j, e)) * p.ldy + n] = __float2bfloat16_rn(v);
+  };
+  if (p.splits == 1) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) finish(r, j, e, acc[r][j][e]);
+    return;
+  }
+  auto part_index = [&](int s, int r, int j, int e) { return (size_t(s) * p.M + token(j, e)) * p.N + row(r, e); };
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = acc[r][j][e];
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  int* ticket = p.tickets + size_t(nblk) * gridDim.x + mtile;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == p.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!in_range(r, j, e)) continue;
+        float v = 0.f;
+        for (int s = 0; s < p.splits; ++s) v += __ldcg(p.partials + part_index(s, r, j, e));  // split order
+        finish(r, j, e, v);
+      }
+  if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
+}
+
+template <class F, int MT, int RT>
+cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
+  constexpr int bytes = smem_bytes<F, MT>();
+  static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
+  auto kernel = mma_gemm_kernel<F, MT, RT>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(mtiles, p.splits, nblocks), 32 * 8 / RT, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class F, int RT>
+cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stream) {
+  const int mtiles = (p.M + 8 * mt - 1) / (8 * mt);
+  switch (mt) {
+    case 1: return launch<F, 1, RT>(p, mtiles, nblocks, stream);
+    case 2: return launch<F, 2, RT>(p, mtiles, nblocks, stream);
+    case 4: return launch<F, 4, RT>(p, mtiles, nblocks, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class F>
+cudaError_t launch_cfg(int mt, int rt, const MmaParams& p, int nblocks, cudaStream_t stream) {
+  return rt == 2 ? launch_mt<F, 2>(mt, p, nblocks, stream) : launch_mt<F, 1>(mt, p, nblocks, stream);
+}
+
+template <class F, int MT, int RT>
+int blocks_per_sm() {
+  auto kernel = mma_gemm_kernel<F, MT, RT>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * 8 / RT, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  return blocks;
+}
+
+template <class F>
+int blocks_per_sm_cfg(int mt, int rt) {
+  if (rt == 2) return mt == 1 ? blocks_per_sm<F, 1, 2>() : mt == 2 ? blocks_per_sm<F, 2, 2>() : blocks_per_sm<F, 4, 2>();
+  return mt == 1 ? blocks_per_sm<F, 1, 1>() : mt == 2 ? blocks_per_sm<F, 2, 1>() : blocks_per_sm<F, 4, 1>();
+}
+
+}  // namespace mma
+}  // namespace b12x

@@ -1,0 +1,12 @@
+// The tensor-core GEMM's kernels for FmtFP4<true>, FmtFP4<false> (one translation unit per format family, so the
+// build compiles them in parallel). The kernel itself is in mma_gemm.cuh.
+#include "mma_gemm.cuh"
+
+namespace b12x {
+namespace mma {
+template cudaError_t launch_cfg<FmtFP4<true>>(int, int, const MmaParams&, int, cudaStream_t);
+template int blocks_per_sm_cfg<FmtFP4<true>>(int, int);
+template cudaError_t launch_cfg<FmtFP4<false>>(int, int, const MmaParams&, int, cudaStream_t);
+template int blocks_per_sm_cfg<FmtFP4<false>>(int, int);
+}  // namespace mma
+}  // namespace b12x
