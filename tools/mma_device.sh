@@ -26,3 +26,9 @@ if [ -n "${PROFILE:-}" ]; then
     --section SchedulerStats --section LaunchStats python3 benchmarks/mma_profile.py $PROFILE > "$out/ncu.log" 2>&1
   echo "ncu: exit $?"; grep -E "mma_gemm_kernel|DRAM Throughput|Duration|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall|No Eligible|Warp Cycles Per Issued" "$out/ncu.log" | head -80
 fi
+if [ -n "${SANITIZE:-}" ]; then
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool python3 benchmarks/sanitize_mma.py > "$out/sanitize_$tool.log" 2>&1
+    echo "sanitizer $tool: exit $? $(tail -2 "$out/sanitize_$tool.log" | tr '\n' ' ')"
+  done
+fi

@@ -56,9 +56,10 @@ def _e4m3_hi(w):
 
 
 def _e2m1(w, p):
-    low = mma_layout.E2M1_MAG_BITS[p]
-    mag = (w << np.uint32(6 - low) if low <= 6 else w >> np.uint32(low - 6)) & np.uint32(0x01C001C0)
-    return mag | ((w << np.uint32(3 - p)) & np.uint32(0x80008000))
+    u32 = np.uint32
+    if p < 3:  # magnitude and sign keep bf16's spacing: one shift, one mask
+        return (w << u32(6 - mma_layout.E2M1_FIELDS[p][0])) & u32(0x81C081C0)
+    return ((w >> u32(4)) & u32(0x00C000C0)) | ((w >> u32(5)) & u32(0x01000100)) | ((w << u32(1)) & u32(0x80008000))
 
 
 def _e8m0(b):

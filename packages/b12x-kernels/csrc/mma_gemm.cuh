@@ -152,14 +152,16 @@ struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chu
   }
 };
 
-// E2M1 pair p of a repacked word (mma_layout.py): the low element's magnitude at bits L..L+2 and the high
-// one's at L+16.., L = 6, 3, 0, 9 for p = 0..3; their signs at bits 12+p and 28+p. Shifting the magnitudes to
-// bits 6-8 / 22-24 and the signs to 15 / 31 makes bf16 bit patterns worth value·2^-126.
+// E2M1 pair p of a repacked word (mma_layout.py E2M1_FIELDS) -> bf16x2 bit patterns worth value·2^-126:
+// pairs 0-2 sit at bf16's spacing (magnitude at L..L+2, sign at L+9, L = 6, 3, 0; high element +16), so one
+// shift and one mask move them to bits 6-8 / 15 and 22-24 / 31; pair 3 fills the four positions left.
 template <int P>
 __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
-  constexpr int L[4] = {6, 3, 0, 9};
-  const uint32_t mag = (L[P] <= 6 ? w << (6 - L[P]) : w >> (L[P] - 6)) & 0x01C001C0u;
-  return mag | ((w << (3 - P)) & 0x80008000u);
+  if constexpr (P < 3) {
+    return (w << (6 - 3 * P)) & 0x81C081C0u;
+  } else {
+    return ((w >> 4) & 0x00C000C0u) | ((w >> 5) & 0x01000100u) | ((w << 1) & 0x80008000u);
+  }
 }
 
 template <bool NV>
@@ -345,31 +347,34 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
 
   // This lane's copies of chunk c into ring slot (c % kStages, tile r): its two 16-byte code pieces (halves 0
   // and 1 of tile (n16, c)), and lanes 0.. / 16.. copy the tile's scale bytes (16 rows × META / META2).
+  // Ring slots are indexed by chunk & (kStages - 1); the tile pointers advance by one tile per chunk.
+  static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
+  const uint4* code_base = p.codes + size_t(tile_base) * p.chunks * 64 + lane;
+  const uint8_t* meta_base = p.meta + size_t(tile_base) * p.chunks * 16 * F::META + 16 * lane;
+  const uint8_t* meta2_base = p.meta2 + size_t(tile_base) * p.chunks * 16 * F::META2 + 16 * (lane - 16);
   auto issue = [&](int c) {
     if (c >= c_end) return;
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
-      const int n16 = tile_base + r;
-      if (n16 >= p.n16) break;
-      const size_t tile = size_t(n16) * p.chunks + c;
-      uint8_t* slot = ring + ((c % kStages) * RT + r) * SLOT;
-      const uint4* codes = p.codes + tile * 64;
-      cp_async16(slot + 16 * lane, codes + lane, 16);
-      cp_async16(slot + 512 + 16 * lane, codes + 32 + lane, 16);
+      if (tile_base + r >= p.n16) break;
+      const size_t tile = size_t(r) * p.chunks + c;  // relative to tile_base
+      uint8_t* slot = ring + ((c & (kStages - 1)) * RT + r) * SLOT;
+      const uint4* codes = code_base + tile * 64;
+      cp_async16(slot + 16 * lane, codes, 16);
+      cp_async16(slot + 512 + 16 * lane, codes + 32, 16);
       if constexpr (F::META > 0) {
-        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, p.meta + tile * 16 * F::META + 16 * lane, 16);
+        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, meta_base + tile * 16 * F::META, 16);
       }
       if constexpr (F::META2 > 0) {
         if (lane >= 16 && lane < 16 + F::META2)
-          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), p.meta2 + tile * 16 * F::META2 + 16 * (lane - 16),
-                     16);
+          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), meta2_base + tile * 16 * F::META2, 16);
       }
       if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
         if (lane == 0) {
           const int kblocks = (p.K + 127) / 128;
           const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
           asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
-                       "l"(p.block_scale + size_t(n16 / 8) * kblocks + (c * F::KB) / 128));
+                       "l"(p.block_scale + size_t((tile_base + r) / 8) * kblocks + (c * F::KB) / 128));
         }
       }
     }
@@ -417,7 +422,7 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
           float part[RT][MT][4];
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
-            const uint8_t* slot = ring + ((c % kStages) * RT + r) * SLOT;
+            const uint8_t* slot = ring + ((c & (kStages - 1)) * RT + r) * SLOT;
             w[r][0] = *reinterpret_cast<const uint4*>(slot + 16 * lane);
             w[r][1] = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
             const uint8_t* m = slot + 1024;
@@ -449,7 +454,7 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
           if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
-              const uint8_t* m = ring + ((c % kStages) * RT + r) * SLOT + 1024;
+              const uint8_t* m = ring + ((c & (kStages - 1)) * RT + r) * SLOT + 1024;
               float s2[2];
               if constexpr (F::E == 64) {
                 s2[0] = F::acc_scale(m + q * F::META);

@@ -95,10 +95,11 @@ def _unrows_blocked(blocked: np.ndarray, n: int, chunks: int, nbytes: int) -> np
 # Code permutations inside each 32-bit word of a lane's 16 bytes, so each bf16x2 MMA operand comes out of a word
 # with a few shifts and masks:
 # E4M3: [e0 e1 e2 e3] -> [e0 e2 e1 e3]: pair (e0,e1) sits at bytes 0 and 2, pair (e2,e3) at 1 and 3.
-# E2M1 (8 codes e0..e7, pairs p = (e2p, e2p+1)): magnitudes of pair p at bits L..L+2 (low element) and
-# L+16..L+18 (high element) with L = 6, 3, 0, 9; signs at bits 12+p and 28+p. One shift puts a pair's
-# magnitudes at bf16 bits 6-8 / 22-24, another its signs at 15 / 31 (csrc/mma_gemm.cu e2m1_pair).
-E2M1_MAG_BITS = (6, 3, 0, 9)
+# E2M1 (8 codes e0..e7, pairs p = (e2p, e2p+1)): the low element's magnitude bits m0 m1 m2 and sign at the
+# positions below, the high element's 16 bits further. Pairs 0-2 keep bf16's spacing (magnitude at L..L+2,
+# sign at L+9), so one shift and one mask give bf16 bits 6-8 / 15 (22-24 / 31), value·2^-126; pair 3 takes
+# the four positions left and three shifts (csrc/mma_gemm.cuh e2m1_pair).
+E2M1_FIELDS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))  # (m0, m1, m2, sign) per pair
 
 
 def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> np.ndarray:
@@ -110,15 +111,11 @@ def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> n
         return np.ascontiguousarray(words[..., [0, 2, 1, 3]]).reshape(code_bytes.shape)
     w = np.ascontiguousarray(words).view("<u4")[..., 0].astype(np.uint32)
     out = np.zeros_like(w)
-    for p, low in enumerate(E2M1_MAG_BITS):
+    for p, fields in enumerate(E2M1_FIELDS):
         for half, e in ((0, 2 * p), (1, 2 * p + 1)):
-            mag_at, sign_at = low + 16 * half, 12 + p + 16 * half
-            if inverse:  # packed fields -> checkpoint nibble e (low nibble first)
-                code = ((w >> np.uint32(mag_at)) & 7) | (((w >> np.uint32(sign_at)) & 1) << np.uint32(3))
-                out |= code << np.uint32(4 * e)
-            else:
-                code = (w >> np.uint32(4 * e)) & 15
-                out |= ((code & 7) << np.uint32(mag_at)) | ((code >> np.uint32(3)) << np.uint32(sign_at))
+            for bit, at in enumerate(fields):  # code bit 0-2: magnitude, bit 3: sign
+                src, dst = (at + 16 * half, 4 * e + bit) if inverse else (4 * e + bit, at + 16 * half)
+                out |= ((w >> np.uint32(src)) & 1) << np.uint32(dst)
     return out.astype("<u4").view(np.uint8).reshape(code_bytes.shape)
 
 
