@@ -158,7 +158,7 @@ struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chu
 template <int P>
 __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
   if constexpr (P < 3) {
-    return (w << (6 - 3 * P)) & 0x81C081C0u;
+    return (w << (3 * P)) & 0x81C081C0u;  // L = 6 - 3P: shift by 6 - L
   } else {
     return ((w >> 4) & 0x00C000C0u) | ((w >> 5) & 0x01000100u) | ((w << 1) & 0x80008000u);
   }
