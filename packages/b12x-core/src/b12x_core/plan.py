@@ -232,9 +232,15 @@ def _warm_args(query: Query, tokens: int) -> tuple:
     return (torch.zeros(tokens, dtype=torch.int32, device=device),)
 
 
-def build(query: Query, weights, entries=None) -> Plan:
-    """Choose, prepare the chosen backends, size the shared workspaces and warm every row (prepare time)."""
-    basis, never, decisions = choose(query, entries)
+def build(query: Query, weights, entries=None, only: type[Backend] | None = None, warm: bool = True) -> Plan:
+    """Choose, prepare the chosen backends, size the shared workspaces and warm every row (prepare time).
+    `only`: one backend for every token count, unchecked (benchmarks time each backend alone; the interpreter's
+    tests run CUDA backends on CPU tensors); `warm=False` skips the warm-up runs."""
+    if only is None:
+        basis, never, decisions = choose(query, entries)
+    else:
+        basis, never = f"{only.name} alone, as asked for", ()
+        decisions = [Decision(1, query.max_tokens, only, "asked for")]
     prepared: dict[type[Backend], Backend] = {}
     rows = []
     for d in decisions:
@@ -253,7 +259,7 @@ def build(query: Query, weights, entries=None) -> Plan:
         _logged.add(key)
         logger.info("b12x: %s %s × %s on %s -> %s", query.op, query.format, query.activation, query.device.device,
                     plan.summary())  # fmt: skip
-    for row in rows:
+    for row in rows if warm else ():
         if row.backend.warm:
             row.run(*_warm_args(query, row.lo))
     return plan

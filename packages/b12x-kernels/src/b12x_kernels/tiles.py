@@ -128,7 +128,8 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
         SUPER: tl.constexpr = IQ2_XXS_GROUP if FMT == FMT_IQ2_XXS else IQ2_XS_GROUP
         nb = K // SUPER
         n3 = offs_n[:, None, None]
-        g = (k0 % SUPER) // 8 + tl.arange(0, BLOCK_K // 8)[None, :, None]
+        within = k0 - (k0 // SUPER) * SUPER  # k0 % SUPER (the interpreter's constexpr has no reflected %)
+        g = within // 8 + tl.arange(0, BLOCK_K // 8)[None, :, None]
         e = tl.arange(0, 8)[None, None, :]
         ok = n3 < N
         base = w_ptr + tl.where(ok, n3 * nb + k0 // SUPER, 0) * BYTES
