@@ -220,6 +220,18 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
     return basis, never, _measured_decisions(able, entry, hi)
 
 
+def preview(query: Query, entries=None) -> Plan:
+    """The plan prepare_* would build for `query`, without preparing anything (its rows cannot run): what a GPU
+    that is not here would run (docs, tests, planning a deployment)."""
+    basis, never, decisions = choose(query, entries)
+    rows = []
+    for d in decisions:
+        backend = d.backend.__new__(d.backend)  # configurations depend on the query only
+        Backend.__init__(backend, query, None)
+        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in backend.configs(d.lo, d.hi)]
+    return Plan(query, basis, never, tuple(decisions), tuple(rows))
+
+
 def _warm_args(query: Query, tokens: int) -> tuple:
     device = query.device.device
     if query.op == "linear":

@@ -142,7 +142,9 @@ class TritonMoE(Backend):
 
     def configs(self, lo, hi):
         shape, device = self.query.moe, self.query.device
-        return config_ranges(lo, hi, lambda t: call_config(shape, device, t, self.decode))
+        decode = getattr(self, "decode", None)
+        decode = decode_kernels() if decode is None else decode
+        return config_ranges(lo, hi, lambda t: call_config(shape, device, t, decode))
 
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(scratch_specs(self.query.moe, tokens, config))
