@@ -122,8 +122,7 @@ def main() -> None:
             first = bc.prepare_linear(weight, device="cuda", max_tokens=16)
             # more copies at new addresses, so no weight stays in L2
             preps[fmt] = [first] + [
-                bc.prepare_linear(weight, device="cuda", max_tokens=16)
-                for _ in range(copies_for(weight.nbytes) - 1)
+                bc.prepare_linear(weight, device="cuda", max_tokens=16) for _ in range(copies_for(weight.nbytes) - 1)
             ]
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")

@@ -128,7 +128,8 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows) -> None:
     able = [cls for cls in backends.for_op("linear") if cls.can_implement(query)[0]]
     single = {}
     for cls in able:  # each backend alone, in its own weight copies
-        weights = [DeviceWeights(as_shards(qw), query.act_mode, dispatched[0].input_scale, device) for _ in range(copies)]
+        scale = dispatched[0].input_scale
+        weights = [DeviceWeights(as_shards(qw), query.act_mode, scale, device) for _ in range(copies)]
         single[cls.name] = [plan.build(query, w, only=cls) for w in weights]
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
@@ -138,12 +139,9 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows) -> None:
         row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
         row["dispatched_backend"] = dispatched[0].plan.for_tokens(m).backend.name
         rows.append(row)
-        fastest = min(row["backends"].values())
+        alone = " ".join(f"{b}={t:.1f}" for b, t in row["backends"].items())
         print(f"  {label(*pair):<22} M={m:<5} dispatched {row['dispatched']:>9.1f} µs ({row['dispatched_backend']}) "
-              f"fastest {fastest:>9.1f} " + " ".join(f"{b}={t:.1f}" for b, t in row["backends"].items()), flush=True)  # fmt: skip
-    del dispatched, single
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+              f"fastest {min(row['backends'].values()):>9.1f} {alone}", flush=True)  # fmt: skip
 
 
 def measure(args, device: torch.device) -> list[dict]:
@@ -155,15 +153,17 @@ def measure(args, device: torch.device) -> list[dict]:
     ms = [int(m) for m in args.ms.split(",")]
     for name, (n, k) in shapes.items():
         print(f"\n## {name} {n}×{k} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
-        w = [torch.randn(n, k, dtype=torch.bfloat16, device=device) for _ in range(copies_for(2 * n * k, device))]
+        bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device=device) for _ in range(copies_for(2 * n * k, device))]
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
-            t = timer(lambda i: F.linear(x, w[i]), len(w))
+            t = timer(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
             rows.append(dict(shape=name, n=n, k=k, format="bf16 F.linear", m=m, dispatched=t))
             print(f"  bf16 F.linear          M={m:<5} {t:>9.1f} µs", flush=True)
-        del w
+        bf16_w.clear()
         for pair in pairs:
-            measure_pair(timer, device, name, n, k, pair, ms, rows)
+            measure_pair(timer, device, name, n, k, pair, ms, rows)  # its weight copies are freed on return
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return rows
 
 

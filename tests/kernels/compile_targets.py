@@ -16,7 +16,6 @@ from triton.compiler import ASTSource
 from b12x_core.backends.triton_moe import tile_config
 from b12x_core.backends.triton_tiles import tile_config as linear_tile_config
 from b12x_formats.kernel_facts import LAYOUTS, format_id
-
 from b12x_kernels import act_quant, moe_route, tiles
 
 TARGETS = {90: 228, 120: 99, 121: 99}  # compute capability: KB of shared memory per block

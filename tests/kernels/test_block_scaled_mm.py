@@ -32,8 +32,10 @@ def test_block_scaled_mm_matches_reference(rng, m, rows):
 
     k = 640
     shards = [bf.quantize(blocky(rng, r, k), "FP8_BLOCK") for r in rows]
-    x = rng.standard_normal((m, k)) * np.exp2(rng.uniform(-5, 5, size=(m, 1))) * np.repeat(
-        np.exp2(rng.uniform(-5, 5, size=(1, k // 128))), 128, 1
+    x = (
+        rng.standard_normal((m, k))
+        * np.exp2(rng.uniform(-5, 5, size=(m, 1)))
+        * np.repeat(np.exp2(rng.uniform(-5, 5, size=(1, k // 128))), 128, 1)
     )  # every token and every 128-column group on its own scale
     x = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
     gpu = bc.prepare_linear(shards, device="cuda", max_tokens=m, activation="fp8")

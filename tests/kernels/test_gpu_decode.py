@@ -45,7 +45,6 @@ def test_gemv_matches_reference(rng, fmt, m, n, k):
 @pytest.mark.parametrize("fmt", GGML)
 def test_kernel_writes_every_output(rng, fmt):
     import b12x_kernels
-
     from b12x_core.weights import grid_table
 
     qw = random_blocks(rng, fmt, 300, 1024)

@@ -12,8 +12,6 @@ are poisoned first).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -141,9 +139,9 @@ def test_gpu_backends_match_reference(rng, fmt, activation, with_scale, m):
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=m, activation=activation)
     cpu = bc.prepare_linear(qw, device="cpu", max_tokens=m, activation=activation)
     expect = bc.linear(x, cpu, bias)
-    backends = [cls for cls in backends.for_op("linear") if cls.can_implement(gpu.plan.query)[0]]
-    assert TritonTiles in backends
-    for backend in backends:
+    runnable = [cls for cls in backends.for_op("linear") if cls.can_implement(gpu.plan.query)[0]]
+    assert TritonTiles in runnable
+    for backend in runnable:
         single, _ = alone(backend, qw, activation, "cuda", m)
         workspace.poison(gpu.device)  # quantized activations and workspace must be written before they are read
         y = single.for_tokens(m).run(x.cuda(), bias.cuda())

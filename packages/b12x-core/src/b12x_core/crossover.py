@@ -70,8 +70,15 @@ def load(path: Path = TABLE) -> tuple[Entry, ...]:
         return ()
     data = json.loads(path.read_text())
     return tuple(
-        Entry(tuple(e["capability"]), e["format"], e["act_mode"], e["shape"], tuple(e["ms"]),
-              {name: tuple(times) for name, times in e["us"].items()}, e.get("source", ""))  # fmt: skip
+        Entry(
+            tuple(e["capability"]),
+            e["format"],
+            e["act_mode"],
+            e["shape"],
+            tuple(e["ms"]),
+            {name: tuple(times) for name, times in e["us"].items()},
+            e.get("source", ""),
+        )  # fmt: skip
         for e in data["entries"]
     )
 

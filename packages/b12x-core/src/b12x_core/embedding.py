@@ -9,7 +9,8 @@ import torch
 import b12x_formats as bf
 from b12x_formats.kernel_facts import Q8_0_QS_OFFSET
 
-from . import _registry, plan as plans
+from . import _registry
+from . import plan as plans
 from ._checks import check_tensor, refuse_during_capture, resolve_device
 from .backends import DeviceInfo, Query
 from .errors import UnsupportedError

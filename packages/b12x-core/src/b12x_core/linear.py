@@ -9,7 +9,8 @@ import torch
 
 import b12x_formats as bf
 
-from . import _registry, plan as plans
+from . import _registry
+from . import plan as plans
 from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
 from .backends import DeviceInfo, Query
 from .errors import UnsupportedError

@@ -43,8 +43,8 @@ def cuda_header() -> str:
 
 
 def triton_module() -> str:
-    lines = [f'"""{_NOTE}', "", "Triton kernels may read only constexpr globals, so every fact is a tl.constexpr.", '"""', "",
-             "import triton.language as tl", ""]  # fmt: skip
+    why = "Triton kernels may read only constexpr globals, so every fact is a tl.constexpr."
+    lines = [f'"""{_NOTE}', "", why, '"""', "", "import triton.language as tl", ""]
     lines += [f"{name} = tl.constexpr({value!r})" for name, value in kernel_facts.constants()]
     lines.append(f"E2M1_VALUES = {tuple(float(v) for v in kernel_facts.E2M1_VALUES)!r}")
     return "\n".join(lines) + "\n"

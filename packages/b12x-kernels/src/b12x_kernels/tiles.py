@@ -28,7 +28,6 @@ from .format_facts import (
     E8M0_BIAS,
     FMT_FP8,
     FMT_FP8_BLOCK,
-    FMT_IQ2_XS,
     FMT_IQ2_XXS,
     FMT_MXFP4,
     FMT_MXFP8,

@@ -21,6 +21,7 @@ from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
 from ._reload import keep_addresses
 
+
 def register_tensors(layer, fmt: str, n: int, k: int, shards: int, weight_loader, prefix: str) -> None:
     spec = bf.spec(fmt)
     if k % spec.k_multiple:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import torch
+
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
 from .. import workspace
@@ -96,9 +97,10 @@ class ScaledMM(Backend):
         scale_a = ones if row_scale is None else torch.cat([row_scale, ones[m:, 0]]).reshape(-1, 1)
         if pad:
             xq = torch.cat([xq, torch.zeros(pad, q.k, dtype=xq.dtype, device=xq.device)])
-        y = torch._scaled_mm(xq, self.stacked.weight.t(), scale_a=scale_a,
-                             scale_b=self.stacked.col_scale.reshape(1, -1),
-                             bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)  # fmt: skip
+        bias = None if bias is None else bias.to(torch.bfloat16)
+        scale_b = self.stacked.col_scale.reshape(1, -1)
+        y = torch._scaled_mm(xq, self.stacked.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=bias,
+                             out_dtype=torch.bfloat16)  # fmt: skip
         return y[:m]
 
 
@@ -132,10 +134,10 @@ class BlockScaledMM(Backend):
         return [((rows, self.query.k), torch.uint8), ((self.query.k // FP8_BLOCK_SIZE, rows), torch.float32)]
 
     def run(self, x2, bias, *, config):
-        from b12x_kernels import act_quant
         from torch.nn.functional import ScalingType, scaled_mm
 
-        q = self.query
+        from b12x_kernels import act_quant
+
         m, rows = x2.shape[0], _pad(x2.shape[0])
         codes, scales = workspace.carve(x2.device, self._specs(m))
         scale_a = scales.t()  # [rows, K/128], column-major: what BlockWise1x128 reads

@@ -10,6 +10,7 @@ that holds the call; calls beyond 16 tokens run as consecutive 16-token launches
 from __future__ import annotations
 
 import torch
+
 from b12x_formats.kernel_facts import ELEMENT, GGML
 
 from .. import workspace

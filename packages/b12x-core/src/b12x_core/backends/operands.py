@@ -43,7 +43,8 @@ def fp8_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
     codes, row, groups = workspace.carve(x2.device, fp8_specs(act_mode, m, k))
     row = row if act_mode == "fp8_token" else None
     groups = groups if act_mode == "fp8_group128" else None
-    act_quant.quantize_fp8(x2, act_mode, codes, row if row is not None else groups, _static_scale(act_mode, input_scale))
+    scales = row if row is not None else groups
+    act_quant.quantize_fp8(x2, act_mode, codes, scales, _static_scale(act_mode, input_scale))
     return codes.view(torch.float8_e4m3fn), row, groups
 
 

@@ -84,7 +84,8 @@ def scratch_specs(shape: MoEShape, tokens: int, config: dict) -> list:
     slots = tokens * shape.top_k
     splits13, splits2 = splits(shape, config)
     width13 = 2 * shape.intermediate if shape.activation == "silu" else shape.intermediate
-    return [((tokens, shape.hidden), torch.bfloat16), ((splits13 if splits13 > 1 else 0, slots, width13), torch.float32),
+    partial13 = (splits13 if splits13 > 1 else 0, slots, width13)
+    return [((tokens, shape.hidden), torch.bfloat16), (partial13, torch.float32),
             ((slots, shape.intermediate), torch.bfloat16), ((slots, shape.intermediate), torch.bfloat16),
             ((splits2, slots, shape.hidden), torch.float32)]  # fmt: skip
 
