@@ -22,9 +22,11 @@ import statistics
 import time
 from collections import defaultdict
 
+import decode_linear
 import numpy as np
 import torch
 import torch.nn.functional as F
+from decode_linear import time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -47,7 +49,8 @@ def label(fmt: str, activation: str, scale: bool) -> str:
 
 
 class Timer:
-    """µs per call of fn(i) over weight copies i: CUDA graph replays on a GPU, wall clock on the CPU smoke run."""
+    """µs per call of fn(i) over weight copies i: CUDA graph replays on a GPU (decode_linear.time_graph), wall
+    clock on the CPU smoke run."""
 
     def __init__(self, device: torch.device, replays: int):
         self.device, self.replays = device, replays
@@ -61,57 +64,15 @@ class Timer:
                     fn(i)
                 times.append((time.perf_counter() - start) * 1e6 / copies)
             return statistics.median(times)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for i in range(copies):
-                fn(i)  # warm-up / lazy init outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for i in range(copies):
-                    fn(i)
-        torch.cuda.current_stream().wait_stream(stream)
-        times = []
-        for _ in range(self.replays + 3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / copies)
-        return statistics.median(times[3:])
+        return time_graph(fn, copies, replays=self.replays)
 
 
 def random_weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
-    """Valid random checkpoint tensors (timing does not depend on values; quantizing billions of weights on the
-    host would take minutes): random bytes, E4M3 codes without NaN, scales near 1."""
-    import ml_dtypes
-
-    tensors = {}
-    shapes = bf.tensor_shapes(fmt, (), n, k)
-    gen = torch.Generator().manual_seed(0)
-    for spec in bf.spec(fmt).tensors:
-        shape = shapes[spec.name]
-        if spec.name == "input_scale":
-            if input_scale:
-                tensors[spec.name] = np.float32(0.02)
-            continue
-        if not spec.required:
-            continue
-        if shape == bf.PER_TENSOR:
-            tensors[spec.name] = np.float32(0.01)
-        elif spec.dtype == "float32":
-            tensors[spec.name] = np.full(shape, 0.01, np.float32)
-        else:
-            codes = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).numpy()
-            if spec.dtype == "float8_e4m3fn":
-                codes = (codes & 0x7E).view(ml_dtypes.float8_e4m3fn)  # no NaN, no sign (valid UE4M3 too)
-            elif spec.name == "weight_scale":  # E8M0: near 2^0
-                codes = (120 + codes % 16).astype(np.uint8)
-            elif bf.spec(fmt).packing == "ggml":
-                codes[..., :2] = np.array([0.01], np.float16).view(np.uint8)
-            tensors[spec.name] = codes
-    return bf.QuantizedWeight.from_tensors(fmt, tensors)
+    """Valid random checkpoint tensors (decode_linear.random_weight), with a static activation scale if asked."""
+    qw = decode_linear.random_weight(fmt, n, k)
+    if input_scale:
+        qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(0.02)})
+    return qw
 
 
 def copies_for(nbytes: int, device: torch.device) -> int:

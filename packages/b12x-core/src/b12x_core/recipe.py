@@ -18,22 +18,21 @@ LINEAR_RECIPE = {"FP8": "fp8", "FP8_BLOCK": "fp8", "MXFP8": "mxfp8"}
 MOE_RECIPE = {"MXFP4": "mxfp8"}
 
 
-def linear_activation(fmt: str, requested: str, has_input_scale: bool) -> str:
+def _recipe(fmt: str, requested: str, has_input_scale: bool, table: dict) -> str:
     if requested != AUTO:
         return requested
     name = bf.spec(fmt).name
     if name == "NVFP4" and has_input_scale:
         return "nvfp4"
-    return LINEAR_RECIPE.get(name, "bf16")
+    return table.get(name, "bf16")
+
+
+def linear_activation(fmt: str, requested: str, has_input_scale: bool) -> str:
+    return _recipe(fmt, requested, has_input_scale, LINEAR_RECIPE)
 
 
 def moe_act_format(fmt: str, requested: str, has_input_scale: bool) -> str:
-    if requested != AUTO:
-        return requested
-    name = bf.spec(fmt).name
-    if name == "NVFP4" and has_input_scale:
-        return "nvfp4"
-    return MOE_RECIPE.get(name, "bf16")
+    return _recipe(fmt, requested, has_input_scale, MOE_RECIPE)
 
 
 def activation_mode(fmt: str, activation: str, has_input_scale: bool) -> str:

@@ -18,12 +18,16 @@ def _reference_reason(query: Query) -> tuple[bool, str]:
     return False, f"the reference runs on {query.device.device.type} only when asked for with path='reference'"
 
 
-class ReferenceLinear(Backend):
-    name, op, warm = "reference", "linear", False
+class _Reference(Backend):
+    name, warm = "reference", False  # nothing to compile
 
     @classmethod
     def can_implement(cls, query):
         return _reference_reason(query)
+
+
+class ReferenceLinear(_Reference):
+    op = "linear"
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
@@ -36,12 +40,8 @@ class ReferenceLinear(Backend):
         return y.to(torch.bfloat16)
 
 
-class ReferenceMoE(Backend):
-    name, op, warm = "reference", "moe", False
-
-    @classmethod
-    def can_implement(cls, query):
-        return _reference_reason(query)
+class ReferenceMoE(_Reference):
+    op = "moe"
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
@@ -55,12 +55,8 @@ class ReferenceMoE(Backend):
         return moe_reference(x, topk_weights, topk_ids, self.query, self.w13, self.w2, self.input_scales)
 
 
-class ReferenceEmbedding(Backend):
-    name, op, warm = "reference", "embedding", False
-
-    @classmethod
-    def can_implement(cls, query):
-        return _reference_reason(query)
+class ReferenceEmbedding(_Reference):
+    op = "embedding"
 
     def run(self, ids, *, config):
         from ..embedding import embedding_reference
