@@ -24,7 +24,8 @@ from ._reload import keep_addresses
 from .env import moe_fp4_force_a16
 
 logger = logging.getLogger("b12x_vllm")
-FP4 = ("MXFP4", "NVFP4", "W4A16_NVFP4")
+# 4-bit element formats (VLLM_B12X_MOE_FP4_FORCE_A16 applies to them), from the format specs
+FP4 = tuple(f for f in bf.FORMATS if bf.spec(f).packing is None and bf.spec(f).bits_per_weight < 5)
 
 
 class B12xMoEMethod(FusedMoEMethodBase):
