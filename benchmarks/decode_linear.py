@@ -97,13 +97,6 @@ def random_weight(fmt: str, n: int, k: int, lead: tuple[int, ...] = ()) -> bf.Qu
     return bf.QuantizedWeight.from_tensors(fmt, tensors)
 
 
-def weight_bytes(lin) -> int:
-    if lin.blocks is not None:
-        return lin.blocks.numel()
-    return sum(s.weight.numel() + (0 if s.scales is None else s.scales.numel() * s.scales.element_size())
-               for s in lin.element_shards)  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="28672x8192,8192x28672,4096x14336")
@@ -122,14 +115,14 @@ def main() -> None:
         bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
         fp8_w = [w.to(torch.float8_e4m3fn) for w in bf16_w[: copies_for(n * k)]]
         one = torch.ones((), device="cuda")
-        preps = {}
+        preps, checkpoint_bytes = {}, {}
         for fmt in args.formats.split(","):
             weight = random_weight(fmt, n, k)
+            checkpoint_bytes[fmt] = weight.nbytes
             first = bc.prepare_linear(weight, device="cuda", max_tokens=16)
             # more copies at new addresses, so no weight stays in L2
             preps[fmt] = [first] + [
-                bc.prepare_linear(weight, device="cuda", max_tokens=16)
-                for _ in range(copies_for(weight_bytes(first)) - 1)
+                bc.prepare_linear(weight, device="cuda", max_tokens=16) for _ in range(copies_for(weight.nbytes) - 1)
             ]
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -142,7 +135,7 @@ def main() -> None:
             base = [("bf16 F.linear", t_bf16, 2 * n * k), ("fp8 _scaled_mm", t_fp8, n * k)]
             for fmt, plist in preps.items():
                 t = time_graph(lambda i: bc.linear(x, plist[i]), len(plist))
-                base.append((fmt, t, weight_bytes(plist[0])))
+                base.append((fmt, t, checkpoint_bytes[fmt]))
             for name, t, nbytes in base:
                 gbs = nbytes / t / 1e3
                 row = dict(shape=shape, m=m, format=name, us=t, gbs=gbs, pct_copy=100 * gbs / bw,

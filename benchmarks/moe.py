@@ -46,7 +46,8 @@ def bf16_moe(x, weights, groups, w13, w2, inter):
 
 
 def expert_bytes(p, touched: int) -> int:
-    t13, t2 = p.tiles13, p.tiles2
+    backend = p.plan.rows[0].backend  # the Triton MoE backend: experts stacked by rows
+    t13, t2 = backend.w13, backend.w2
     per_expert = sum(t.weight.numel() * t.weight.element_size() + (0 if t.scales is None else t.scales.numel() *
                      t.scales.element_size()) for t in (t13, t2)) // p.experts  # fmt: skip
     return per_expert * touched

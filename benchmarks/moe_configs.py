@@ -5,7 +5,8 @@
 For each shape × format (bf16 activations) × T: a torch.profiler breakdown of one dispatched call (µs of each
 kernel per call), then each grouped GEMM (gate/up with SiLU fused; down) timed alone over block_m × block_n ×
 warps × stages: CUDA-graph replays, median of 100, two prepared weight copies alternating (moe.py's method).
-The printout ends with the best configuration per stage; b12x_core.moe_path's table is written from it.
+The printout ends with the best configuration per stage; b12x_core.backends.triton_moe.tile_config is written
+from it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from decode_linear import random_weight, time_graph
 from moe import SHAPES
 
 import b12x_core as bc
-from b12x_core import moe_path
+from b12x_core.backends.triton_moe import block_table
 
 
 def profile_call(fn, calls: int = 5) -> list[tuple[str, float]]:
@@ -51,7 +52,7 @@ def sweep_stage(stage: str, fmt: str, preps, x, ids, top_k: int) -> list[dict]:
     rows = []
     inter = torch.randn(t * top_k, p0.intermediate, dtype=torch.bfloat16, device="cuda")
     for bm in block_ms(t, top_k, p0.experts):
-        table = moe_path.block_table(ids, p0.experts, bm)
+        table = block_table(ids, p0.experts, bm)
         for bn, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3, 4)):
             if (warps == 8 or bn == 128) if bm < 64 else bn == 32:  # small tiles for decode, large for prefill
                 continue
@@ -60,15 +61,15 @@ def sweep_stage(stage: str, fmt: str, preps, x, ids, top_k: int) -> list[dict]:
             def call(i, cfg=cfg, table=table):
                 p = preps[i]
                 if stage == "w13":
-                    tw, a = p.tiles13, x
+                    tw, a = p.plan.rows[0].backend.w13, x
                     out = torch.empty(t * top_k, p.intermediate, dtype=torch.bfloat16, device="cuda")
                     kw = dict(rows_per_expert=tw.weight.shape[0] // p.experts, gather=True, act="silu")
                 else:
-                    tw, a = p.tiles2, inter
+                    tw, a = p.plan.rows[0].backend.w2, inter
                     out = torch.empty(t * top_k, p.hidden, dtype=torch.float32, device="cuda")
                     kw = dict(rows_per_expert=p.hidden, gather=False, act="none")
                 tiles.moe_tiles(fmt, a, *table, tw.weight, tw.scales, tw.col_scale, out, top_k=top_k,
-                                grid_table=tw.grid, sign_table=tw.signs, **kw, **cfg)  # fmt: skip
+                                grid_table=tw.grid, sign_table=tw.signs, k_split=a.shape[1], **kw, **cfg)  # fmt: skip
 
             try:
                 us = time_graph(call, len(preps))

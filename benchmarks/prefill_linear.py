@@ -4,8 +4,8 @@
 
 1. M=4096 on 8192×8192 and 28672×8192: every format × activation mode, TFLOP/s and % of bf16 F.linear (and of
    per-tensor fp8 _scaled_mm for the W8A8 modes), all measured in this run.
-2. The dispatched time over M ∈ {1 .. 8192} on 8192×8192 against bf16 F.linear (plotted), and each bf16 path
-   alone (GEMV, tiles, decode + dense GEMM): the crossover tables b12x_core/crossover.py commits.
+2. The dispatched time over M ∈ {1 .. 8192} on 8192×8192 against bf16 F.linear (plotted). Each backend alone
+   and the measured table the plan picks from: benchmarks/plan_check.py.
 Timing as benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2, median of ≥100 replays.
 """
 
@@ -26,8 +26,6 @@ BF16_FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS"
 QUANTIZED = [("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
              ("NVFP4", "nvfp4", True), ("NVFP4", "mxfp8", False), ("MXFP4", "mxfp8", False)]  # fmt: skip
 SWEEP_MS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192]
-CROSSOVER_MS = [1, 2, 4, 8, 16, 24, 32, 48, 64]
-GEMM_MS = [32, 64, 128, 192, 256, 384, 512, 1024]
 
 
 def weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
@@ -77,57 +75,18 @@ def large_m(rows: list, shapes: list[tuple[int, int]], m: int) -> None:
                   f"{row['pct_fp8']:>5.0f}% fp8", flush=True)  # fmt: skip
 
 
-def force(preps, tiles_from: int, gemm_from: int) -> None:
-    for p in preps:
-        p.tiles_from, p.gemm_from = tiles_from, gemm_from
-
-
-def first_faster(ms: list[int], fast: dict, slow: dict) -> int:
-    """The first M from which `fast` is never slower than `slow` (past the end when never)."""
-    ok = [m for m in ms if all(fast[j] <= slow[j] for j in ms if j >= m)]
-    return min(ok) if ok else max(ms) + 1
-
-
-def sweep(rows: list, n: int, k: int, paths_too: bool = True) -> tuple[dict, dict]:
-    print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside; each path alone for the crossovers")
-    tiles_from, gemm_from = {}, {}
+def sweep(rows: list, n: int, k: int) -> None:
+    print(f"\n## {n}x{k}: dispatched time over M (µs), bf16 F.linear beside")
     bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
-    never = 1 << 62
     for fmt in BF16_FORMATS:
         qw = weight(fmt, n, k, False)
-        first = bc.prepare_linear(qw, device="cuda", max_tokens=max(SWEEP_MS))
-        preps = [first] + prepared(qw, "bf16", max(SWEEP_MS), copies_for(first.tiles.weight.numel()) - 1)
-        dispatched = (first.tiles_from, first.gemm_from)
-        paths = {"gemv": {}, "tiles": {}, "dense": {}}
-        for m in sorted(set(SWEEP_MS) | set(CROSSOVER_MS) | set(GEMM_MS)):
+        preps = prepared(qw, "bf16", max(SWEEP_MS), copies_for(qw.nbytes))
+        for m in SWEEP_MS:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            if m in SWEEP_MS:
-                force(preps, *dispatched)
-                t = time_linear(preps, x)
-                t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
-                rows.append(dict(part="sweep", shape=f"{n}x{k}", m=m, format=fmt, us=t, bf16_us=t_bf16))
-                print(f"  {fmt:<8} M={m:<5} {t:>9.1f} µs  bf16 {t_bf16:>9.1f} µs  {t_bf16 / t:>5.2f}x", flush=True)
-            if not paths_too:
-                continue
-            if m in CROSSOVER_MS:
-                force(preps, never, never)
-                paths["gemv"][m] = time_linear(preps, x)
-            if m in CROSSOVER_MS or m in GEMM_MS:
-                force(preps, 0, never)
-                paths["tiles"][m] = time_linear(preps, x)
-            if m in GEMM_MS:
-                force(preps, 0, 0)
-                paths["dense"][m] = time_linear(preps, x)
-        force(preps, *dispatched)
-        if not paths_too:
-            continue
-        rows.append(dict(part="paths", shape=f"{n}x{k}", format=fmt, **{p: t for p, t in paths.items()}))
-        tiles_from[fmt] = first_faster(CROSSOVER_MS, paths["tiles"], paths["gemv"])
-        gemm_from[fmt] = first_faster(GEMM_MS, paths["dense"], paths["tiles"])
-        for name, times in paths.items():
-            print(f"  {fmt} {name}: " + " ".join(f"{m}:{t:.0f}" for m, t in sorted(times.items())))
-    print(f"tiles from M {tiles_from}\ndense GEMM from M {gemm_from}")
-    return tiles_from, gemm_from
+            t = time_linear(preps, x)
+            t_bf16 = time_graph(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
+            rows.append(dict(part="sweep", shape=f"{n}x{k}", m=m, format=fmt, us=t, bf16_us=t_bf16))
+            print(f"  {fmt:<8} M={m:<5} {t:>9.1f} µs  bf16 {t_bf16:>9.1f} µs  {t_bf16 / t:>5.2f}x", flush=True)
 
 
 TILE_MS = [8, 16, 32, 64, 128, 256]
@@ -135,13 +94,15 @@ TILE_CONFIGS = [dict(BLOCK_N=n, num_warps=w, num_stages=st) for n in (32, 64, 12
 
 
 def tile_configs(rows: list, n: int, k: int) -> None:
-    """The tiles alone (bf16 activations) under each configuration, to retune tiles.default_config."""
+    """The tiles alone (bf16 activations) under each configuration, to retune the Triton tiles backend's
+    tile_config."""
+    from b12x_core.backends.triton_tiles import tile_config
+    from b12x_core.weights import stack
     from b12x_kernels import tiles
 
     print(f"\n## {n}x{k}: Triton tiles per configuration (µs)")
     for fmt in BF16_FORMATS:
-        lin = bc.prepare_linear(weight(fmt, n, k, False), device="cuda", max_tokens=max(TILE_MS))
-        tw = lin.tiles
+        tw = stack([weight(fmt, n, k, False)], "bf16", None, "cuda")
         for m in TILE_MS:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
@@ -150,14 +111,14 @@ def tile_configs(rows: list, n: int, k: int) -> None:
 
                 def run(i, cfg=cfg):
                     return tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid,
-                                              sign_table=tw.signs, config=cfg)  # fmt: skip
+                                              sign_table=tw.signs, config={**tile_config(m, n), **cfg})  # fmt: skip
 
                 try:
                     timed[tuple(cfg.values())] = time_graph(run, 1, replays=30)
                 except Exception as err:  # a configuration the GPU cannot hold (shared memory)
                     print(f"  {fmt} M={m} {cfg}: {type(err).__name__}")
             best = min(timed, key=timed.get)
-            d = tiles.default_config(fmt, m, n)
+            d = tile_config(m, n)
             default = (d["BLOCK_N"], d["num_warps"], d["num_stages"])
             rows.append(dict(part="tile_configs", format=fmt, m=m, times={str(c): t for c, t in timed.items()}))
             print(f"  {fmt:<8} M={m:<4} best (BLOCK_N, warps, stages)={best}: {timed[best]:.1f} µs; default "
@@ -190,7 +151,6 @@ def main() -> None:
     parser.add_argument("--png", default="prefill_linear.png")
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--skip-sweep", action="store_true")
-    parser.add_argument("--dispatched-only", action="store_true", help="sweep without timing each path alone")
     parser.add_argument("--tile-configs", action="store_true", help="only time the tiles per configuration")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -201,9 +161,9 @@ def main() -> None:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
         return
     large_m(rows, [(8192, 8192), (28672, 8192)], args.m)
-    crossover = ({}, {}) if args.skip_sweep else sweep(rows, 8192, 8192, paths_too=not args.dispatched_only)
-    result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
-              "crossover": crossover, "rows": rows}  # fmt: skip
+    if not args.skip_sweep:
+        sweep(rows, 8192, 8192)
+    result = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     if not args.skip_sweep:

@@ -1,13 +1,16 @@
 """A small run of every CUDA path for `compute-sanitizer --tool memcheck python benchmarks/sanitize_decode.py`:
-the GEMVs (M <= 16), the Triton tiles (M = 19, 40; every activation mode), the decode-to-bf16 pass (M = 300),
-the fused MoE (every format × activation format, T = 1, 7, 64) and the Q8_0 embedding."""
+every linear backend that can run each format × activation mode here, alone (GEMV, Triton tiles, decode + bf16
+GEMM, cuBLASLt fp8 GEMMs; M = 1 .. 300), the fused MoE (every format × activation format, T = 1, 7, 64) and the
+Q8_0 embedding."""
 
 import numpy as np
 import torch
 
 import b12x_core as bc
 import b12x_formats as bf
+from b12x_core import backends, plan
 from b12x_core.moe import MOE_FORMATS
+from b12x_core.weights import DeviceWeights
 
 rng = np.random.default_rng(0)
 CASES = [(f, "bf16") for f in ("Q8_0", "IQ2_XXS", "IQ2_XS", "FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4")] + [
@@ -18,8 +21,13 @@ for fmt, act in CASES:
     if act == "nvfp4":
         qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(0.01)})
     lin = bc.prepare_linear(qw, device="cuda", max_tokens=300, activation=act)
-    for m in (1, 5, 16, 19, 40, 300):
-        bc.linear(torch.randn(m, 512, dtype=torch.bfloat16, device="cuda"), lin, torch.randn(136, device="cuda"))
+    for cls in backends.for_op("linear"):
+        if not cls.can_implement(lin.plan.query)[0]:
+            continue
+        alone = plan.build(lin.plan.query, DeviceWeights([qw], lin.act_mode, lin.input_scale, lin.device), only=cls)
+        for m in (1, 5, 16, 19, 40, 300):
+            x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
+            alone.for_tokens(m).run(x, torch.randn(136, device="cuda"))
 for fmt, acts in MOE_FORMATS.items():
     w13, w2 = (
         bf.quantize(rng.standard_normal(shape).astype(np.float32), fmt) for shape in ((4, 512, 256), (4, 256, 256))

@@ -50,3 +50,61 @@ def test_no_import_package_named_b12x():
     assert sorted(
         p.name for p in ROOT.glob("packages/*/src/*") if p.is_dir() and not p.name.endswith("egg-info")
     ) == sorted(MODULES)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, imported names) of every import statement in a Python file."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append((node.module, [alias.name for alias in node.names]))
+    return out
+
+
+def test_layering_kernels_never_import_core_or_the_plugin():
+    for path in (ROOT / "packages/b12x-kernels/src").rglob("*.py"):
+        for module, _ in _imports(path):
+            assert not module.startswith(("b12x_core", "b12x_vllm")), (path, module)
+
+
+def test_layering_formats_imports_no_torch_at_import_time():
+    """Every module of b12x_formats imports without torch (the [convert] tools import it inside functions)."""
+    code = (
+        "import importlib, pkgutil, sys, b12x_formats\n"
+        "for m in pkgutil.walk_packages(b12x_formats.__path__, 'b12x_formats.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+# b12x_formats' modules behind its CLI (the demo builds a checkpoint as `b12x-formats quantize` does)
+FORMATS_TOOLS = {"b12x_formats.modelopt", "b12x_formats.example", "b12x_formats.hf_quantize", "b12x_formats.inspect"}
+
+
+def test_layering_the_plugin_uses_only_public_names():
+    """b12x_vllm reaches b12x_core and b12x_formats through their public names only (`__all__`, and the
+    formats tools), so their internals can move without breaking it."""
+    import ast
+
+    import b12x_core as bc
+    import b12x_formats as bf
+
+    public = {"b12x_core": set(bc.__all__), "b12x_formats": set(bf.__all__)}
+    aliases = {"bc": "b12x_core", "bf": "b12x_formats"}
+    for path in (ROOT / "packages/b12x-vllm/src").rglob("*.py"):
+        for module, names in _imports(path):
+            if not module.startswith(("b12x_core", "b12x_formats")):
+                continue
+            if module in public:
+                assert set(names) <= public[module], (path, module, set(names) - public[module])
+            else:
+                assert module in FORMATS_TOOLS, (path, module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                assert node.attr in public[aliases[node.value.id]], (path, f"{node.value.id}.{node.attr}")

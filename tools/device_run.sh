@@ -2,7 +2,8 @@
 # Everything the lent GPU should run after kernel changes, in one call (device time is scarce):
 #   bash tools/device_run.sh OUT_DIR [--bench] [--sanitize]
 # GPU tests (tools/gpu_tests.sh), then optionally compute-sanitizer memcheck over every CUDA path and the
-# benchmarks (prefill dispatched table and plot, tile configurations, fused MoE). Logs and results go to OUT_DIR.
+# benchmarks (prefill dispatched table and plot, the plan check with its measured table, tile configurations,
+# fused MoE). Logs and results go to OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/device_run.sh OUT_DIR [--bench] [--sanitize]}"
@@ -17,8 +18,9 @@ for arg in "$@"; do
       compute-sanitizer --tool memcheck python3 benchmarks/sanitize_decode.py > "$out/sanitize.log" 2>&1
       echo "sanitizer: $(tail -1 "$out/sanitize.log")" ;;
     --bench)
-      python3 benchmarks/prefill_linear.py --dispatched-only --out "$out/prefill.json" --png "$out/prefill.png" \
-        > "$out/prefill.log" 2>&1
+      python3 benchmarks/prefill_linear.py --out "$out/prefill.json" --png "$out/prefill.png" > "$out/prefill.log" 2>&1
+      python3 benchmarks/plan_check.py --out "$out/plan_check.json" --png "$out/plan_check.png" \
+        --emit-table "$out/crossover.json" > "$out/plan_check.log" 2>&1
       python3 benchmarks/prefill_linear.py --tile-configs --out "$out/tiles.json" > "$out/tiles.log" 2>&1
       python3 benchmarks/moe.py --out "$out/moe.json" --png "$out/moe.png" > "$out/moe.log" 2>&1
       echo "benchmarks: $(ls "$out")" ;;

@@ -48,15 +48,13 @@ def test_ops_are_registered():
         assert hasattr(torch.ops.b12x, name)
 
 
-def test_dispatch_choice_is_logged_once(rng, caplog):
+def test_plan_is_logged_once_per_layer_kind(rng, caplog):
     import logging
 
-    from b12x_core import dispatch
-
-    dispatch._logged.clear()
-    qw = bf.quantize(rng.standard_normal((8, 64)).astype(np.float32), "Q8_0")
+    n = int(rng.integers(8, 4096)) * 32  # a shape no other test prepares: its first plan logs
+    qw = bf.QuantizedWeight.from_tensors("Q8_0", {"weight": np.zeros((1, n // 32, 34), np.uint8)})
     with caplog.at_level(logging.INFO, logger="b12x_core"):
-        bc.prepare_linear(qw, max_tokens=3)  # max_tokens does not change the choice: one line
+        bc.prepare_linear(qw, max_tokens=3)  # max_tokens does not change the plan: one line
         bc.prepare_linear(qw, max_tokens=5)
     lines = [r.getMessage() for r in caplog.records if "linear Q8_0 × bf16" in r.getMessage()]
     assert len(lines) == 1 and "-> reference" in lines[0]

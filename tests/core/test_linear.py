@@ -12,7 +12,8 @@ from act_oracle import quantize as act_oracle
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core.dispatch import Query, choose
+from b12x_core import plan
+from b12x_core.backends import DeviceInfo, Query
 
 MODE = {  # (format, activation, has input_scale) -> the activation contract exercised
     ("FP8", "fp8", True): "fp8_static", ("FP8", "fp8", False): "fp8_token", ("FP8_BLOCK", "fp8", False): "fp8_group128",
@@ -97,10 +98,13 @@ def test_errors(rng):
 
 
 def test_cuda_never_falls_back_silently():
-    query = Query("linear", "IQ2_XS", "bf16", torch.device("cuda", 0), "auto")
+    """A CUDA device whose kernels cannot run refuses; the reference runs there only when asked for."""
+    cuda = DeviceInfo(torch.device("cuda", 0), (9, 0), kernels="no CUDA device", triton="no CUDA device")
+    query = Query("linear", "IQ2_XS", "bf16", "bf16", cuda, "auto", 64, 256, 16)
     with pytest.raises(bc.UnsupportedError, match="no b12x path runs linear IQ2_XS × bf16 on cuda:0.*path='reference'"):
-        choose(query)
-    assert choose(Query("linear", "IQ2_XS", "bf16", torch.device("cuda", 0), "reference")) == "reference"
+        plan.choose(query)
+    _, _, decisions = plan.choose(Query("linear", "IQ2_XS", "bf16", "bf16", cuda, "reference", 64, 256, 16))
+    assert [d.backend.name for d in decisions] == ["reference"]
 
 
 def test_prepare_refuses_during_graph_capture(rng, monkeypatch):
@@ -127,8 +131,21 @@ def test_torch_compile_fullgraph(rng):
 
 def test_explain_names_the_path(rng):
     lin = bc.prepare_linear(bf.quantize(rng.standard_normal((16, 256)).astype(np.float32), "IQ2_XXS"), max_tokens=8)
-    text = bc.explain(lin, 16)
-    assert "IQ2_XXS" in text and "-> reference" in text and "exceeds max_tokens=8" in text
+    assert "IQ2_XXS" in bc.explain(lin, 3) and "1-8 tokens -> reference" in bc.explain(lin, 3)
+    assert "exceeds max_tokens=8" in bc.explain(lin, 16)
+
+
+@pytest.mark.parametrize("fmt", ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4"])
+def test_auto_activation_reads_the_checkpoint_recipe(rng, fmt):
+    """activation="auto": W8A8 for FP8 / FP8_BLOCK / MXFP8 checkpoints, W4A4 for NVFP4 with an input_scale,
+    weight-only NVFP4 without one (the same numbers as asking for that activation)."""
+    x = torch.from_numpy(rng.standard_normal((3, 256)).astype(np.float32)).to(torch.bfloat16)
+    with_scale = fmt == "NVFP4" and rng.random() < 0.5
+    qw = make_weight(rng, fmt, 32, 256, with_scale, x)
+    expected = {"FP8": "fp8", "FP8_BLOCK": "fp8", "MXFP8": "mxfp8"}.get(fmt, "nvfp4" if with_scale else "bf16")
+    auto = bc.prepare_linear(qw, activation="auto")
+    assert auto.activation == expected
+    assert torch.equal(bc.linear(x, auto), bc.linear(x, bc.prepare_linear(qw, activation=expected)))
 
 
 @pytest.mark.parametrize("fmt,activation", [("FP8", "fp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")])

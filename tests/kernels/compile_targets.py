@@ -1,7 +1,9 @@
-"""Compile the fused-MoE Triton kernels ahead of time for sm_90, sm_120a and sm_121a (no GPU needed) and print
-each kernel's shared memory as JSON: the grouped GEMM at its prefill and split-K decode configurations, the
-split epilogue, the combine and the routing kernel. A script, run in a fresh process by test_triton_targets.py: the test
-session runs Triton in its interpreter, which cannot compile."""
+"""Compile the Triton kernels ahead of time for sm_90, sm_120a and sm_121a (no GPU needed) and print each
+kernel's shared memory as JSON: the fused MoE's grouped GEMM at its prefill and split-K decode configurations, the
+split epilogue, the combine and the routing kernel; the linear tiles and the decode-to-bf16 pass of every
+format layout and the activation quantizers (sm_90: they read the generated format constants, which only a
+real compile checks). A script, run in a fresh process by test_triton_targets.py: the test session runs Triton
+in its interpreter, which cannot compile."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from b12x_kernels import moe_route, tiles
+from b12x_core.backends.triton_moe import tile_config
+from b12x_core.backends.triton_tiles import tile_config as linear_tile_config
+from b12x_formats.kernel_facts import LAYOUTS, format_id
+from b12x_kernels import act_quant, moe_route, tiles
 
 TARGETS = {90: 228, 120: 99, 121: 99}  # compute capability: KB of shared memory per block
 MOE_SIGNATURE = {"x_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "block_start_ptr": "*i32",
@@ -36,8 +41,8 @@ def main() -> None:
     for arch, smem_kb in TARGETS.items():
         # IQ2_XS with SiLU: two decoded weight tiles, the largest decode state
         for regime, rows_per_expert in (("prefill", 1000.0), ("decode", 1.0)):
-            cfg = tiles.moe_config(rows_per_expert, "silu", smem_kb)
-            const = dict(FMT=tiles._CODE["IQ2_XS"], GATHER=True, ACT=tiles.MOE_ACT["silu"], UP_FIRST=False,
+            cfg = tile_config(rows_per_expert, "silu", smem_kb)
+            const = dict(FMT=format_id("IQ2_XS"), GATHER=True, ACT=tiles.MOE_ACT["silu"], UP_FIRST=False,
                          SPLIT=regime == "decode", BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
                          BLOCK_K=tiles.BLOCK_K)  # fmt: skip
             sig = dict(MOE_SIGNATURE, y_ptr="*fp32" if regime == "decode" else "*bf16")
@@ -48,7 +53,42 @@ def main() -> None:
                   (moe_route._moe_route, ROUTE_SIGNATURE, dict(EB=256, CH=moe_route._CHUNK))]  # fmt: skip
         for fn, sig, const in others:
             shared[f"{fn.__name__}/sm_{arch}"] = (compile_for(fn, sig, const, arch, num_warps=4), smem_kb)
+    shared.update(linear_kernels(90, TARGETS[90]))
     print(json.dumps(shared))
+
+
+LINEAR_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_ptr": "*u8",
+                    "col_scale_ptr": "*fp32", "row_scale_ptr": "*fp32", "x_group_ptr": "*fp32", "bias_ptr": "*bf16",
+                    "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
+DEQUANT_SIGNATURE = {"w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_ptr": "*u8", "col_scale_ptr": "*fp32",
+                     "out_ptr": "*bf16", "N": "i32", "K": "i32"}  # fmt: skip
+QUANT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "M": "i32", "K": "i32",
+                   "static_scale": "fp32", "SCALE_STRIDE_M": "i32", "SCALE_STRIDE_G": "i32"}  # fmt: skip
+MX_SIGNATURE = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "K": "i32", "global_scale": "fp32"}
+
+
+def linear_kernels(arch: int, smem_kb: int) -> dict:
+    out = {}
+    cfg = linear_tile_config(4096, 8192)
+    for name in LAYOUTS:
+        const = dict(FMT=format_id(name), X_FP8=False, ROW_SCALE=False, X_GROUPS=name == "FP8_BLOCK", HAS_BIAS=True,
+                     BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=tiles.BLOCK_K, GROUP_M=cfg["GROUP_M"])  # fmt: skip
+        opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        out[f"linear_tiles/{name}/sm_{arch}"] = (compile_for(tiles._linear_tiles, LINEAR_SIGNATURE, const, arch, **opts),
+                                                 smem_kb)  # fmt: skip
+        const = dict(FMT=format_id(name), BLOCK_N=64, BLOCK_K=tiles.BLOCK_K)
+        out[f"dequantize_tiles/{name}/sm_{arch}"] = (compile_for(tiles._dequantize_tiles, DEQUANT_SIGNATURE, const,
+                                                                 arch, num_warps=4), smem_kb)  # fmt: skip
+    for mode, values in ((2, False), (1, True)):
+        const = dict(MODE=mode, VALUES=values, BLOCK_M=16, BLOCK_K=tiles.BLOCK_K)
+        sig = dict(QUANT_SIGNATURE, q_ptr="*bf16" if values else "*u8")
+        out[f"quantize_fp8/{mode}/sm_{arch}"] = (compile_for(act_quant._quantize_fp8, sig, const, arch, num_warps=4),
+                                                 smem_kb)  # fmt: skip
+    for mode, group in ((0, 32), (1, 16)):
+        const = dict(MODE=mode, GROUP=group, BLOCK_M=16, BLOCK_K=tiles.BLOCK_K)
+        out[f"quantize/{mode}/sm_{arch}"] = (compile_for(act_quant._quantize, MX_SIGNATURE, const, arch, num_warps=4),
+                                             smem_kb)  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

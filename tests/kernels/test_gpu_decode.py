@@ -32,7 +32,8 @@ def random_blocks(rng, fmt, n, k):
 def test_gemv_matches_reference(rng, fmt, m, n, k):
     qw = random_blocks(rng, fmt, n, k)
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=64)
-    assert gpu.path == "cuda_gemv_ggml"
+    if m <= 16:
+        assert gpu.plan.for_tokens(m).backend.name == "cuda_gemv" or "measured" in gpu.plan.basis, bc.explain(gpu)
     cpu = bc.prepare_linear(qw, device="cpu", max_tokens=64)
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
     bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
@@ -44,25 +45,20 @@ def test_gemv_matches_reference(rng, fmt, m, n, k):
 @pytest.mark.parametrize("fmt", GGML)
 def test_kernel_writes_every_output(rng, fmt):
     import b12x_kernels
+    from b12x_core.weights import grid_table
 
     qw = random_blocks(rng, fmt, 300, 1024)
-    lin = bc.prepare_linear(qw, device="cuda", max_tokens=16)
+    blocks = torch.from_numpy(qw.tensors["weight"]).cuda()
+    grid = grid_table(fmt, "cuda")
     x = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
-    y = torch.full((5, 300), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
-    grid = 0 if lin.grid is None else lin.grid.data_ptr()
-    b12x_kernels.gemv_ggml(
-        fmt,
-        lin.blocks.data_ptr(),
-        grid,
-        x.data_ptr(),
-        0,
-        y.data_ptr(),
-        5,
-        300,
-        1024,
-        torch.cuda.current_stream().cuda_stream,
-    )
-    close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
+    for max_m in (8, 16):  # any bucket that holds the tokens
+        y = torch.full((5, 300), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
+        b12x_kernels.gemv_ggml(fmt, blocks.data_ptr(), 0 if grid is None else grid.data_ptr(), x.data_ptr(), 0,
+                               y.data_ptr(), 5, max_m, 300, 1024, torch.cuda.current_stream().cuda_stream)  # fmt: skip
+        close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
+    with pytest.raises(ValueError, match="M must be in 1..max_m=4"):
+        b12x_kernels.gemv_ggml(fmt, blocks.data_ptr(), 0 if grid is None else grid.data_ptr(), x.data_ptr(), 0,
+                               y.data_ptr(), 5, 4, 300, 1024, torch.cuda.current_stream().cuda_stream)  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", GGML)
@@ -94,7 +90,6 @@ ELEMENT = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "W4A16_NVFP4", "MXFP4"]
 def test_element_gemv_matches_reference(rng, fmt, m, n, k):
     qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=64)
-    assert gpu.path == "cuda_gemv_elem"
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
     bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
     y = bc.linear(x.cuda(), gpu, bias.cuda())
@@ -115,8 +110,35 @@ def test_element_shards_with_their_own_scales(rng, fmt):
     close(y, bc.linear(x, bc.prepare_linear(shards), bias))
 
 
-def test_quantized_activations_run_the_tiles_and_the_reference_only_on_request(rng):
+QUANTIZED = [("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
+             ("MXFP4", "mxfp8", False), ("NVFP4", "mxfp8", False), ("NVFP4", "nvfp4", True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt,activation,with_scale", QUANTIZED, ids=str)
+@pytest.mark.parametrize("m", [1, 3, 16, 21])
+def test_quantized_activations_run_the_gemv(rng, fmt, activation, with_scale, m):
+    """Every activation mode on the GEMV (its operands bf16-exact, activation scales inside the kernel): the
+    M=1 path of W8A8 / MX / NVFP4 checkpoints, against the reference."""
+    from b12x_core import plan
+    from b12x_core.backends.cuda_gemv import CudaGemv
+    from b12x_core.weights import DeviceWeights
+
+    k, n = 512, 200
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    if with_scale:
+        scale = float(x.float().abs().max()) / (6 * 448 if fmt == "NVFP4" else 448)
+        qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(scale)})
+    gpu = bc.prepare_linear(qw, device="cuda", max_tokens=32, activation=activation)
+    assert CudaGemv.can_implement(gpu.plan.query)[0]
+    gemv = plan.build(gpu.plan.query, DeviceWeights([qw], gpu.act_mode, gpu.input_scale, gpu.device), only=CudaGemv)
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    y = gemv.for_tokens(m).run(x.cuda(), bias.cuda())
+    close(y, bc.linear(x, bc.prepare_linear(qw, max_tokens=32, activation=activation), bias))
+
+
+def test_w8a8_at_one_token_takes_the_gemv_and_the_reference_only_on_request(rng):
     qw = bf.quantize(rng.standard_normal((64, 256)).astype(np.float32), "FP8")
     lin = bc.prepare_linear(qw, device="cuda", activation="fp8", max_tokens=16)
-    assert lin.path == "triton_tiles" and lin.tiles_from == 0  # no GEMV for W8A8: the tiles take every M
+    assert lin.plan.for_tokens(1).backend.name == "cuda_gemv" or "measured" in lin.plan.basis, bc.explain(lin)
     assert bc.prepare_linear(qw, device="cuda", activation="fp8", path="reference").path == "reference"

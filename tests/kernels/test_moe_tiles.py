@@ -1,8 +1,9 @@
-"""The fused-MoE Triton path (b12x_core.moe_path: expert-sorted slots, grouped GEMMs with the activation fused,
-deterministic combine) against the b12x-core reference, every MoE format × activation format × activation.
+"""The fused-MoE Triton backend (b12x_core.backends.triton_moe: expert-sorted slots, grouped GEMMs with the
+activation fused, deterministic combine) against the b12x-core reference, every MoE format × activation format ×
+activation.
 
-On CPU the kernels run in Triton's interpreter (conftest.py), fed directly; on the GPU (marked gpu) through
-bc.prepare_moe / bc.moe at T ∈ {1, 2, 7, 64, 1024}. Tolerance as the linear tiles (closeness.py), against the
+On CPU the kernels run in Triton's interpreter (conftest.py), through a plan of that backend alone; on the GPU
+(marked gpu) through bc.prepare_moe / bc.moe at T ∈ {1, 2, 7, 64, 1024}. Tolerance as the linear tiles (closeness.py), against the
 reference run on the weights the kernels multiply: decoded and rounded to bf16 (exact for the FP4 formats; one
 rounding of d·q for Q8_0 and IQ2, which two chained GEMMs would otherwise amplify past 1e-2).
 """
@@ -10,7 +11,6 @@ rounding of d·q for Q8_0 and IQ2, which two chained GEMMs would otherwise ampli
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,9 +23,12 @@ import b12x_formats as bf
 
 pytest.importorskip("triton")
 
-from b12x_core import moe_path, scratch, tile_path  # noqa: E402
+from b12x_core import plan, workspace  # noqa: E402
 from b12x_core.activations import quantize_activation  # noqa: E402
+from b12x_core.backends import DeviceInfo  # noqa: E402
+from b12x_core.backends.triton_moe import TritonMoE, block_table, block_table_torch, call_config  # noqa: E402
 from b12x_core.moe import MOE_FORMATS, _expert_activation, moe_reference  # noqa: E402
+from b12x_core.weights import DeviceWeights, as_shards  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
 ACTIVATIONS = [("silu", "gate_up"), ("silu", "up_gate"), ("relu2", "gate_up")]
@@ -54,12 +57,29 @@ def problem(rng, fmt, act_format, activation, e, h, inter, t, top_k):
     return x, w13, w2, weights, ids
 
 
+class Reference:
+    """The reference's operands of a prepared MoE: its query (modes, shape), exact weights and input scales."""
+
+    def __init__(self, p, bf16_ggml=True):
+        backend = p.plan.rows[0].backend
+        self.query, self.input_scales = p.plan.query, backend.input_scales
+        self.w13, self.w2 = backend.w13, backend.w2
+        if bf16_ggml and bf.spec(p.w13_format).packing == "ggml":  # as the kernels decode them
+            self.w13, self.w2 = self.w13.to(torch.bfloat16).float(), self.w2.to(torch.bfloat16).float()
+        shape = self.query.moe
+        self.experts, self.hidden, self.intermediate = shape.experts, shape.hidden, shape.intermediate
+        self.activation, self.w13_order = shape.activation, shape.w13_order
+        self.act_mode_13, self.act_mode_2 = self.query.act_mode, shape.act_mode_2
+        self.input_scale_13, self.input_scale_2 = self.input_scales
+
+    def __call__(self, x, weights, ids):
+        return moe_reference(x, weights, ids, self.query, self.w13, self.w2, self.input_scales)
+
+
 def bf16_weights(p):
     """The reference on the kernels' operands: GGML weights rounded to bf16 as the kernels decode them (the
     other formats decode exactly; their per-tensor factors apply in float32 after the dot)."""
-    if bf.spec(p.w13_format).packing != "ggml":
-        return p
-    return dataclasses.replace(p, w13=p.w13.to(torch.bfloat16).float(), w2=p.w2.to(torch.bfloat16).float())
+    return Reference(p)
 
 
 def quantizer_flips(x, weights, ids, p) -> torch.Tensor:
@@ -93,7 +113,7 @@ def quantizer_flips(x, weights, ids, p) -> torch.Tensor:
 
 def test_block_table_covers_every_slot_once():
     ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2], [1, 3]])
-    order, expert, start, rows = moe_path.block_table(ids, experts=5, rows_per_block=2)
+    order, expert, start, rows = block_table(ids, experts=5, rows_per_block=2, route="torch")
     assert expert.numel() == -(-10 // 2) + 5  # a fixed launch whatever the routing
     covered = []
     for b in range(expert.numel()):
@@ -115,28 +135,32 @@ def test_routing_kernel_matches_torch_tables(rng, tokens, top_k, experts, rows_p
     if rng.random() < 0.5:  # crowd the low experts: several blocks for one expert
         ids = ids % max(1, experts // 8)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    fused = [t.cpu() for t in moe_path.block_table(ids.to(device), experts, rows_per_block)]
-    ref = moe_path.block_table_torch(ids, experts, rows_per_block)
+    fused = [t.cpu() for t in block_table(ids.to(device), experts, rows_per_block, route="kernel")]
+    ref = block_table_torch(ids, experts, rows_per_block)
     assert torch.equal(fused[0], ref[0]) and torch.equal(fused[1], ref[1])
     work = ref[1] >= 0
     assert torch.equal(fused[2][work], ref[2][work]) and torch.equal(fused[3][work], ref[3][work])
 
 
-def interpreted(rng, fmt, act_format, activation, order, t):
-    """moe_path.moe_tiles in Triton's interpreter against the reference (tolerance: closeness.py + flips)."""
+def alone(p, w13, w2, device_info=None):
+    """A plan of the Triton MoE backend alone for a prepared MoE's query (on `device_info`: another device's SM
+    count and shared memory), unwarmed."""
+    query = p.plan.query if device_info is None else dataclasses.replace(p.plan.query, device=device_info)
+    weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
+               DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
+    return plan.build(query, weights, only=TritonMoE, warm=False)
+
+
+def interpreted(rng, fmt, act_format, activation, order, t, device_info=None):
+    """The Triton MoE backend in Triton's interpreter against the reference (tolerance: closeness.py + flips)."""
     inter = 256 if bf.spec(fmt).packing == "ggml" else 96  # w2's K is I: IQ2 needs whole 256-blocks
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=4, h=256, inter=inter, t=t, top_k=2)
-    ref = bc.prepare_moe(w13, w2, activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
-    p = dataclasses.replace(
-        ref,
-        tiles13=tile_path.prepare_tiles([w13], ref.act_mode_13, ref.input_scale_13, "cpu"),
-        tiles2=tile_path.prepare_tiles([w2], ref.act_mode_2, ref.input_scale_2, "cpu"),
-    )
-    moe_path.reserve_scratch(p)
-    scratch.poison(p.device)
-    ref = bf16_weights(ref)
-    close(moe_path.moe_tiles(x, weights, ids, p), moe_reference(x, weights, ids, ref),
-          slack=quantizer_flips(x, weights, ids, ref))  # fmt: skip
+    p = bc.prepare_moe(w13, w2, activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
+    tiles = alone(p, w13, w2, device_info)
+    workspace.poison(p.device)
+    ref = bf16_weights(p)
+    close(tiles.for_tokens(t).run(x, weights, ids), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
+    return tiles.for_tokens(t)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
@@ -146,44 +170,54 @@ def test_interpreted_moe_matches_reference(rng, fmt, act_format, activation, ord
     interpreted(rng, fmt, act_format, activation, order, t=7)
 
 
+H200 = DeviceInfo(torch.device("cpu"), (9, 0), sms=132, smem_kb=228)  # its budgets, the tensors on the CPU
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
 @pytest.mark.parametrize("t", [40, 160])  # 20 and 80 rows per expert: 64- and 128-row blocks
 @pytest.mark.parametrize("fmt,act_format,activation,order", [("MXFP4", "mxfp8", "silu", "up_gate"),
                                                              ("Q8_0", "bf16", "relu2", "gate_up")])  # fmt: skip
-def test_interpreted_moe_prefill_configurations(rng, monkeypatch, fmt, act_format, activation, order, t):
-    monkeypatch.setattr(moe_path, "_smem_kb", lambda device: 228)  # the H200's budget: 128-row blocks allowed
-    interpreted(rng, fmt, act_format, activation, order, t)
+def test_interpreted_moe_prefill_configurations(rng, fmt, act_format, activation, order, t):
+    row = interpreted(rng, fmt, act_format, activation, order, t, device_info=H200)
+    assert row.config["gate_up"]["block_m"] == (64 if t == 40 else 128)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
 @pytest.mark.parametrize("fmt,act_format,activation,order", [("NVFP4", "nvfp4", "silu", "up_gate"),
                                                              ("IQ2_XXS", "bf16", "relu2", "gate_up")])  # fmt: skip
-def test_interpreted_moe_splits_k(rng, monkeypatch, fmt, act_format, activation, order):
-    """Both GEMMs split along K (as many SMs as make each split one step), the splits added in order."""
-    monkeypatch.setattr(moe_path, "_sms", lambda device: 64)
-    p = SimpleNamespace(top_k=2, experts=4, hidden=256, intermediate=256, activation=activation, device=torch.device("cpu"),
-                        max_tokens=3)  # fmt: skip
-    assert moe_path.splits(p, 3) == (128, 2, 128, 2)
-    interpreted(rng, fmt, act_format, activation, order, t=3)
+def test_interpreted_moe_splits_k(rng, fmt, act_format, activation, order):
+    """Both GEMMs split along K (a device with enough SMs that each split is one K step), the splits added in
+    order."""
+    row = interpreted(rng, fmt, act_format, activation, order, t=3, device_info=DeviceInfo(torch.device("cpu"), sms=64))
+    assert row.config["k_split"] == (128, 128)  # K = 256 both: two splits each
 
 
-def test_warm_compiles_every_configuration_a_call_can_pick(monkeypatch):
-    monkeypatch.setattr(moe_path, "_sms", lambda device: 132)  # the H200's: decode-sized calls split K
-    for smem in (99, 228):
-        monkeypatch.setattr(moe_path, "_smem_kb", lambda device, smem=smem: smem)
-        p = SimpleNamespace(max_tokens=3000, top_k=8, experts=128, activation="silu", device=torch.device("cpu"),
-                            hidden=2048, intermediate=768)  # fmt: skip
-        called = []
-        monkeypatch.setattr(moe_path, "moe_tiles", lambda x, w, ids, p, called=called: called.append(x.shape[0]))
-        monkeypatch.setattr(moe_path, "reserve_scratch", lambda p: None)
-        moe_path.warm(p)
+def moe_plan(device_info, max_tokens, decode=True, **shape):
+    """The Triton MoE plan rows of a hypothetical MoE layer on `device_info` (no weights: configurations only)."""
+    from b12x_core.backends import MoEShape, Query
 
-        def kernels(t, p=p):
-            return str(moe_path.configs(p, t)), moe_path.splits(p, t)[1] > 1
+    moe = MoEShape(**{**dict(experts=128, hidden=2048, intermediate=768, top_k=8, activation="silu",
+                             w13_order="gate_up", act_mode_2="bf16", w2_format="MXFP4"), **shape})  # fmt: skip
+    query = Query("moe", "MXFP4", "bf16", "bf16", device_info, n=2 * moe.intermediate, k=moe.hidden,
+                  max_tokens=max_tokens, moe=moe)  # fmt: skip
+    backend = TritonMoE.__new__(TritonMoE)  # configurations need no weights
+    backend.query, backend.decode = query, decode
+    return moe, backend.configs(1, max_tokens)
 
-        warmed = {kernels(t) for t in called}
-        assert len({c for c, _ in warmed}) == (3 if smem == 228 else 2) and {s for _, s in warmed} == {True, False}
-        assert all(kernels(t) in warmed for t in range(1, p.max_tokens + 1))
+
+@pytest.mark.parametrize("device_info", [H200, DeviceInfo(torch.device("cpu"), (12, 0), sms=170, smem_kb=99)])
+def test_moe_rows_cover_every_token_count_and_split_only_decode(device_info):
+    """The rows tile 1..max_tokens; split K happens only in 16-row-block rows; 128-row blocks only where the
+    shared memory holds them; every row's configuration is what a call of any of its token counts gets."""
+    shape, rows = moe_plan(device_info, 3000)
+    assert rows[0][0] == 1 and rows[-1][1] == 3000
+    assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))
+    for lo, hi, config in rows:
+        split = config["k_split"] != (2048, 768)
+        assert not split or config["gate_up"]["block_m"] == 16
+        assert config["gate_up"]["block_m"] < 128 or device_info.smem_kb >= 160
+        for t in {lo, (lo + hi) // 2, hi}:
+            assert call_config(shape, device_info, t) == config
 
 
 @pytest.mark.gpu
@@ -196,10 +230,10 @@ def test_gpu_moe_matches_reference(rng, fmt, act_format, activation, order, t):
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
     gpu = bc.prepare_moe(w13, w2, device="cuda", **kw)
     assert gpu.path == "triton_moe"
-    scratch.poison(gpu.device)  # every temporary the kernels read, they must have written first
+    workspace.poison(gpu.device)  # every temporary the kernels read, they must have written first
     y = bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu)
     ref = bf16_weights(bc.prepare_moe(w13, w2, **kw))
-    close(y.cpu(), moe_reference(x, weights, ids, ref), slack=quantizer_flips(x, weights, ids, ref))
+    close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
     assert torch.equal(bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu), y)  # deterministic
 
 
@@ -239,16 +273,15 @@ def test_gpu_moe_addresses_expert_bytes_past_2_gib(rng, t):
     y = bc.moe(x.cuda(), weights.cuda(), (local + e - 2).cuda(), gpu)
     last = [bf.QuantizedWeight.from_tensors("Q8_0", {"weight": w.tensors["weight"][-2:]}) for w in (w13, w2)]
     ref = bf16_weights(bc.prepare_moe(*last, max_tokens=t, top_k=2))
-    close(y.cpu(), moe_reference(x, weights, local, ref))
+    close(y.cpu(), ref(x, weights, local))
 
 
 def test_escape_hatch_turns_off_routing_kernel_and_split_k(rng, monkeypatch):
-    monkeypatch.setattr(moe_path, "_sms", lambda device: 132)
-    p = SimpleNamespace(top_k=8, experts=128, hidden=2048, intermediate=768, activation="silu",
-                        device=torch.device("cpu"), max_tokens=4)  # fmt: skip
-    assert moe_path.splits(p, 1)[1] > 1
+    """B12X_MOE_DECODE_KERNELS=0, read when the plan is made: torch routing ops and whole-K GEMMs in every row."""
+    assert any(config["k_split"] != (2048, 768) for _, _, config in moe_plan(H200, 4)[1])
     monkeypatch.setenv("B12X_MOE_DECODE_KERNELS", "0")
-    assert moe_path.splits(p, 1) == (2048, 1, 768, 1)
-    ids = bc.route_topk(torch.from_numpy(rng.standard_normal((3, 128)).astype(np.float32)), 8)[1]
-    torch_ops = moe_path.block_table_torch(ids, 128, 16)
-    assert all(torch.equal(a, b) for a, b in zip(moe_path.block_table(ids, 128, 16), torch_ops, strict=True))
+    x, w13, w2, weights, ids = problem(rng, "MXFP4", "bf16", "silu", e=4, h=256, inter=128, t=3, top_k=2)
+    p = alone(bc.prepare_moe(w13, w2, max_tokens=3, top_k=2), w13, w2, H200)
+    assert all(row.config["route"] == "torch" and row.config["k_split"] == (256, 128) for row in p.rows)
+    torch_ops = block_table_torch(ids, 128, 16)
+    assert all(torch.equal(a, b) for a, b in zip(block_table(ids, 128, 16, route="torch"), torch_ops, strict=True))

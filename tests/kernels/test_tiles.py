@@ -1,7 +1,8 @@
-"""The Triton prefill tiles, every format × activation mode, against the b12x-core reference.
+"""The Triton-backed linear backends (tiles, decode + bf16 GEMM, fp8 _scaled_mm), every format × activation mode,
+against the b12x-core reference.
 
-On the GPU (marked gpu) through bc.prepare_linear / bc.linear at M ∈ {17, 64, 300, 2048}; on CPU the same
-kernels under TRITON_INTERPRET=1 (conftest.py) on small shapes, fed by b12x_core.tile_path directly.
+On the GPU (marked gpu) each backend alone through a plan of that backend only, at M ∈ {5, 17, 64, 300, 2048},
+and the dispatched bc.linear; on CPU the same kernels under TRITON_INTERPRET=1 (conftest.py) on small shapes.
 
 Tolerance: the tiles round each decoded weight to bf16 (exact for e4m3, e2m1·e4m3, e4m3·2^e; one rounding of
 d·q for Q8_0 and IQ2) and sum in fp32 in another order than the reference, which rounds once:
@@ -10,8 +11,6 @@ are poisoned first).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -24,8 +23,10 @@ import b12x_formats as bf
 
 pytest.importorskip("triton")
 
-from b12x_core import scratch, tile_path  # noqa: E402
-from b12x_core.linear import as_shards  # noqa: E402
+from b12x_core import backends, plan, workspace  # noqa: E402
+from b12x_core.backends.cublas import DecodeGemm, ScaledMM  # noqa: E402
+from b12x_core.backends.triton_tiles import TritonTiles, tile_config  # noqa: E402
+from b12x_core.weights import DeviceWeights, as_shards, stack  # noqa: E402
 
 # (format, activation, input_scale present); K where the format allows one that is no multiple of 128
 CASES = [(f, "bf16", False) for f in bf.FORMATS] + [
@@ -49,16 +50,19 @@ def make_weight(rng, fmt, n, k, with_input_scale, x, shards=1):
     return parts[0] if shards == 1 else parts
 
 
-def interpreted(x, qw, activation, bias, gemm_from=1 << 62):
-    """The tiles on CPU tensors (interpreter): the reference's PreparedLinear plus prepared tiles; from
-    `gemm_from` tokens on, the large-M paths instead (decode + bf16 GEMM, fp8 _scaled_mm)."""
-    ref = bc.prepare_linear(qw, device="cpu", max_tokens=x.shape[0], activation=activation)
-    tiles = tile_path.prepare_tiles(as_shards(qw), ref.act_mode, ref.input_scale, "cpu")
-    lin = dataclasses.replace(ref, tiles=tiles, gemm_from=gemm_from)
-    tile_path.reserve_scratch(lin)
-    if gemm_from <= x.shape[0] and tile_path.dense_path(lin):
-        tile_path.reserve_workspace(lin.device, lin.n * lin.k)
-    return tile_path.linear_tiles(x, lin, bias), bc.linear(x, ref, bias)
+def alone(backend, qw, activation, device, max_tokens, warm=True):
+    """A plan of one backend for every token count (what bc.prepare_linear builds on `device`, the choice
+    forced), and the CPU reference's prepared linear."""
+    lin = bc.prepare_linear(qw, device=device, max_tokens=max_tokens, activation=activation)
+    weights = DeviceWeights(as_shards(qw), lin.act_mode, lin.input_scale, lin.device)
+    ref = lin if lin.device.type == "cpu" else bc.prepare_linear(qw, max_tokens=max_tokens, activation=activation)
+    return plan.build(lin.plan.query, weights, only=backend, warm=warm), ref
+
+
+def interpreted(x, qw, activation, bias, backend=TritonTiles):
+    """A backend on CPU tensors (interpreter) and the reference: (y, y_ref)."""
+    tiles, ref = alone(backend, qw, activation, "cpu", x.shape[0], warm=False)
+    return tiles.for_tokens(x.shape[0]).run(x, bias), bc.linear(x, ref, bias)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
@@ -74,13 +78,22 @@ def test_interpreted_tiles_match_reference(rng, fmt, activation, with_scale):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
 @pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
 def test_interpreted_large_m_paths_match_reference(rng, fmt, activation, with_scale):
-    """Decode + bf16 GEMM (bf16-valued activations) or fp8 _scaled_mm (FP8 W8A8); the rest stay on the tiles."""
+    """Decode + bf16 GEMM (bf16-exact activations, static fp8 included) and fp8 _scaled_mm (FP8 W8A8), wherever
+    they can run the pair."""
     k = ODD_K.get(fmt, 512)
     k += (-k) % 16 if fmt == "FP8" else 0  # _scaled_mm's fp8 layouts want K % 16 == 0
     x = torch.from_numpy(rng.standard_normal((20, k)).astype(np.float32)).to(torch.bfloat16)
     qw = make_weight(rng, fmt, 80, k, with_scale, x)
     bias = torch.from_numpy(rng.standard_normal(80).astype(np.float32)).to(torch.bfloat16)
-    close(*interpreted(x, qw, activation, bias, gemm_from=0))
+    mode = bc.prepare_linear(qw, activation=activation).act_mode
+    runs = [b for b in (DecodeGemm, ScaledMM) if mode in {DecodeGemm: ("bf16", "mxfp8", "nvfp4", "fp8_static"),
+                                                          ScaledMM: ("fp8_static", "fp8_token")}[b]]  # fmt: skip
+    if fmt != "FP8":
+        runs = [b for b in runs if b is not ScaledMM]
+    if not runs:
+        pytest.skip(f"no cuBLAS-backed backend runs {fmt} × {mode}")
+    for backend in runs:
+        close(*interpreted(x, qw, activation, bias, backend))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
@@ -95,7 +108,7 @@ def check_dequantize(rng, fmt, device):
 
     k = ODD_K.get(fmt, 512)
     qw = make_weight(rng, fmt, 72, k, False, None)
-    tw = tile_path.prepare_tiles([qw], "bf16", None, device)
+    tw = stack([qw], "bf16", None, device)
     out = torch.full((72, k), float("nan"), dtype=torch.bfloat16, device=device)  # poisoned
     tiles.dequantize_tiles(fmt, tw.weight, tw.scales, tw.col_scale, out, grid_table=tw.grid, sign_table=tw.signs)
     expect = torch.from_numpy(bf.dequantize(qw))
@@ -115,19 +128,26 @@ def test_interpreted_fused_shards(rng, fmt, activation):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
 @pytest.mark.parametrize("m", [5, 17, 64, 300, 2048])
-def test_gpu_tiles_match_reference(rng, fmt, activation, with_scale, m):
-    k = ODD_K.get(fmt, 1024) if m < 300 else 2048  # FP8 W8A8 at 200: the tiles (no _scaled_mm) at every M
+def test_gpu_backends_match_reference(rng, fmt, activation, with_scale, m):
+    """Every backend that can run the pair on this GPU, alone, and the dispatched bc.linear (whatever its plan
+    picks at m) against the CPU reference; outputs deterministic."""
+    k = ODD_K.get(fmt, 1024) if m < 300 else 2048  # odd K: the backends with alignment rules step aside
     n = 328
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
     qw = make_weight(rng, fmt, n, k, with_scale, x)
     bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
     gpu = bc.prepare_linear(qw, device="cuda", max_tokens=m, activation=activation)
-    assert gpu.tiles is not None, gpu
     cpu = bc.prepare_linear(qw, device="cpu", max_tokens=m, activation=activation)
-    scratch.poison(gpu.device)  # quantized activations and workspace must be written before they are read
-    y = bc.linear(x.cuda(), gpu, bias.cuda())
-    close(y, bc.linear(x, cpu, bias))
-    assert torch.equal(bc.linear(x.cuda(), gpu, bias.cuda()), y)  # deterministic
+    expect = bc.linear(x, cpu, bias)
+    runnable = [cls for cls in backends.for_op("linear") if cls.can_implement(gpu.plan.query)[0]]
+    assert TritonTiles in runnable
+    for backend in runnable:
+        single, _ = alone(backend, qw, activation, "cuda", m)
+        workspace.poison(gpu.device)  # quantized activations and workspace must be written before they are read
+        y = single.for_tokens(m).run(x.cuda(), bias.cuda())
+        close(y, expect)
+        assert torch.equal(single.for_tokens(m).run(x.cuda(), bias.cuda()), y), backend.name  # deterministic
+    close(bc.linear(x.cuda(), gpu, bias.cuda()), expect)
 
 
 @pytest.mark.gpu
@@ -144,9 +164,10 @@ def test_gpu_tiles_write_every_output_and_replay_in_graphs(rng, fmt):
     x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
     qw = make_weight(rng, fmt, 200, 1024, False, x)
     lin = bc.prepare_linear(qw, device="cuda", max_tokens=300)
-    tw = lin.tiles
+    tw = stack([qw], "bf16", None, "cuda")
     y = torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
-    tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs)
+    tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
+                       config=tile_config(300, 200))  # fmt: skip
     close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
     eager = bc.linear(x, lin)
     graph, out = capture(lambda: bc.linear(x, lin))
@@ -162,27 +183,12 @@ def test_gpu_tiles_write_every_output_and_replay_in_graphs(rng, fmt):
 def test_gpu_fused_shards(rng, fmt, activation):
     x = torch.randn(64, 512, dtype=torch.bfloat16)
     parts = make_weight(rng, fmt, 200, 512, activation != "bf16", x, shards=2)
-    gpu = bc.prepare_linear(parts, device="cuda", max_tokens=64, activation=activation)
-    close(bc.linear(x.cuda(), gpu), bc.linear(x, bc.prepare_linear(parts, activation=activation)))
-    if activation == "bf16":  # the GEMV reads the same stacked copy as the tiles
-        close(bc.linear(x[:3].cuda(), gpu), bc.linear(x[:3], bc.prepare_linear(parts, activation=activation)))
-
-
-def test_warm_covers_every_tile_configuration(monkeypatch):
-    """prepare compiles every configuration a call can pick: nothing compiles inside a call or a graph capture."""
-    from types import SimpleNamespace
-
-    from b12x_kernels import tiles
-
-    for n, tiles_from in ((8192, 0), (328, 12), (24, 17)):
-        lin = SimpleNamespace(format="FP8", tiles_from=tiles_from, max_tokens=3000, n=n, k=128, device="cpu",
-                              act_mode="fp8_token", gemm_from=1 << 62)  # fmt: skip
-        calls = []
-        monkeypatch.setattr(tile_path, "linear_tiles", lambda x, lin, bias, calls=calls: calls.append(x.shape[0]))
-        tile_path.warm(lin)
-        warmed = {tuple(sorted(tiles.default_config(lin.format, m, n).items())) for m in calls}
-        for m in range(max(tiles_from, 1), lin.max_tokens + 1):
-            assert tuple(sorted(tiles.default_config(lin.format, m, n).items())) in warmed, (n, m)
+    ref = bc.prepare_linear(parts, activation=activation, max_tokens=64)
+    for backend in backends.for_op("linear"):  # each reads the shards' own per-tensor scales
+        if backend.can_implement(bc.prepare_linear(parts, device="cuda", activation=activation).plan.query)[0]:
+            single, _ = alone(backend, parts, activation, "cuda", 64)
+            for m in (3, 64):
+                close(single.for_tokens(m).run(x[:m].cuda(), None), bc.linear(x[:m], ref))
 
 
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])

@@ -14,15 +14,24 @@ import b12x_formats as bf  # noqa: E402
 from b12x_vllm._reload import keep_addresses  # noqa: E402
 
 
-def tensor_addresses(obj) -> list[int]:
+def tensor_addresses(obj, seen=None) -> list[int]:
+    """The data pointer of every tensor reachable from a prepared op (its plan, backends, device layouts)."""
     import dataclasses
 
+    seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
         return [obj.data_ptr()]
+    if id(obj) in seen or isinstance(obj, (type, torch.device, str, bytes)):
+        return []
+    seen.add(id(obj))
     if isinstance(obj, (list, tuple)):
-        return [a for x in obj for a in tensor_addresses(x)]
+        return [a for x in obj for a in tensor_addresses(x, seen)]
+    if isinstance(obj, dict):
+        return [a for x in obj.values() for a in tensor_addresses(x, seen)]
     if dataclasses.is_dataclass(obj):
-        return [a for f in dataclasses.fields(obj) for a in tensor_addresses(getattr(obj, f.name))]
+        return [a for f in dataclasses.fields(obj) for a in tensor_addresses(getattr(obj, f.name), seen)]
+    if hasattr(obj, "__dict__"):
+        return [a for x in vars(obj).values() for a in tensor_addresses(x, seen)]
     return []
 
 

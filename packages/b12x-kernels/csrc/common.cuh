@@ -6,7 +6,8 @@
 
 namespace b12x {
 
-// GGML blocks are 34/66/74 bytes, so only 2-byte alignment is guaranteed: read wider fields in u16 halves.
+// GGML block lengths (format_facts.h: *_BYTES) are even but no multiple of 4, so only 2-byte alignment is
+// guaranteed: read wider fields in u16 halves.
 __device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
   const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
   return uint32_t(q[0]) | (uint32_t(q[1]) << 16);

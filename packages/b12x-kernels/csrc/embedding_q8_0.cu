@@ -15,12 +15,12 @@ __global__ void embedding_kernel(const uint8_t* __restrict__ table, const Id* __
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = __float2bfloat16(__int_as_float(0x7fc00000));
     return;
   }
-  const uint8_t* row = table + size_t(id) * (H / 32) * 34;
+  const uint8_t* row = table + size_t(id) * (H / Q8_0_GROUP) * Q8_0_BYTES;
   for (int k2 = threadIdx.x; k2 < H / 2; k2 += blockDim.x) {
-    const int k = 2 * k2, blk = k / 32, j = k % 32;
-    const uint8_t* b = row + blk * 34;
+    const int k = 2 * k2, blk = k / Q8_0_GROUP, j = k % Q8_0_GROUP;
+    const uint8_t* b = row + blk * Q8_0_BYTES;
     const float d = load_half_a2(b);
-    const uint16_t pair = *reinterpret_cast<const uint16_t*>(b + 2 + j);
+    const uint16_t pair = *reinterpret_cast<const uint16_t*>(b + Q8_0_QS_OFFSET + j);
     __nv_bfloat162 v;
     v.x = __float2bfloat16(d * float(int8_t(pair & 0xff)));
     v.y = __float2bfloat16(d * float(int8_t(pair >> 8)));

@@ -15,6 +15,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 __device__ __forceinline__ float e8m0(uint32_t b) {
+  static_assert(E8M0_BIAS == 127, "E8M0 codes are float32 exponent bits");
   return b == 0 ? __int_as_float(0x00400000) : __int_as_float(int(b) << 23);  // 2^(b-127); b=0 is subnormal
 }
 
@@ -42,32 +43,33 @@ template <int kFormat>
 __device__ __forceinline__ float load_group(const uint8_t* w, const uint8_t* scales, const float* e2m1, int row,
                                             int g, int N, int K, float out[8]) {
   const size_t k = size_t(g) * 8;
-  if constexpr (kFormat == kFP8 || kFormat == kFP8_BLOCK || kFormat == kMXFP8) {
+  if constexpr (kFormat == FMT_FP8 || kFormat == FMT_FP8_BLOCK || kFormat == FMT_MXFP8) {
     e4m3x8(*reinterpret_cast<const uint2*>(w + size_t(row) * K + k), out);
-    if constexpr (kFormat == kFP8) return 1.f;
-    if constexpr (kFormat == kFP8_BLOCK) {
-      const int kb = (K + 127) / 128;
-      return reinterpret_cast<const float*>(scales)[size_t(row / 128) * kb + k / 128];
+    if constexpr (kFormat == FMT_FP8) return 1.f;
+    if constexpr (kFormat == FMT_FP8_BLOCK) {
+      const int kb = (K + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+      return reinterpret_cast<const float*>(scales)[size_t(row / FP8_BLOCK_SIZE) * kb + k / FP8_BLOCK_SIZE];
     }
-    return e8m0(scales[size_t(row) * (K / 32) + k / 32]);
+    return e8m0(scales[size_t(row) * (K / MX_GROUP) + k / MX_GROUP]);
   } else {
     e2m1x8(*reinterpret_cast<const uint32_t*>(w + size_t(row) * (K / 2) + k / 2), e2m1, out);
-    if constexpr (kFormat == kNVFP4) {
-      const __nv_fp8_storage_t s = scales[size_t(row) * (K / 16) + k / 16];
+    if constexpr (kFormat == FMT_NVFP4) {
+      const __nv_fp8_storage_t s = scales[size_t(row) * (K / NVFP4_GROUP) + k / NVFP4_GROUP];
       return __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
     }
-    return e8m0(scales[size_t(row) * (K / 32) + k / 32]);
+    return e8m0(scales[size_t(row) * (K / MX_GROUP) + k / MX_GROUP]);
   }
 }
 
 template <int kFormat, int MAXM>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_elem_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scales, float tensor_scale,
-                     const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ bias,
-                     __nv_bfloat16* __restrict__ y, int ldy, int M, int N, int K) {
+                     const __nv_bfloat16* __restrict__ x, const float* __restrict__ x_scale, int x_scale_cols,
+                     const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y, int ldy, int M, int N,
+                     int K) {
   __shared__ float e2m1[16];
   if (threadIdx.x < 16) {
-    const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    const float mags[8] = {B12X_E2M1_VALUES};
     e2m1[threadIdx.x] = threadIdx.x < 8 ? mags[threadIdx.x] : -mags[threadIdx.x - 8];
   }
   __syncthreads();
@@ -81,6 +83,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   for (int g = lane; g < K / 8; g += 32) {
     float wv[8];
     const float block_scale = load_group<kFormat>(w, scales, e2m1, row, g, N, K, wv);
+    // a group of 8 never straddles a 128-column activation group (128 is a multiple of 8)
+    const int x_col = x_scale_cols > 1 ? (8 * g) / FP8_BLOCK_SIZE : 0;
 #pragma unroll
     for (int m = 0; m < MAXM; ++m) {
       if (m < M) {
@@ -89,7 +93,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) s = fmaf(wv[j], xv[j], s);
-        acc[m] = fmaf(block_scale, s, acc[m]);
+        const float scale = x_scale ? block_scale * x_scale[size_t(m) * x_scale_cols + x_col] : block_scale;
+        acc[m] = fmaf(scale, s, acc[m]);
       }
     }
   }
@@ -107,29 +112,39 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 template <int kFormat>
 cudaError_t launch(const uint8_t* w, const uint8_t* scales, float tensor_scale, const __nv_bfloat16* x,
-                   const __nv_bfloat16* bias, __nv_bfloat16* y, int ldy, int M, int N, int K, cudaStream_t stream) {
+                   const float* x_scale, int x_scale_cols, const __nv_bfloat16* bias, __nv_bfloat16* y, int ldy,
+                   int M, int max_m, int N, int K, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), grid((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const auto run = [&](auto kernel) { kernel<<<grid, block, 0, stream>>>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K); };
-  if (M <= 1) run(gemv_elem_kernel<kFormat, 1>);
-  else if (M <= 4) run(gemv_elem_kernel<kFormat, 4>);
-  else if (M <= 8) run(gemv_elem_kernel<kFormat, 8>);
-  else run(gemv_elem_kernel<kFormat, 16>);
+  const auto run = [&](auto kernel) {
+    kernel<<<grid, block, 0, stream>>>(w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, M, N, K);
+  };
+  // The max_m bucket (the caller's plan) keeps register use (one fp32 accumulator per token) proportional to M.
+  switch (max_m) {
+    case 1: run(gemv_elem_kernel<kFormat, 1>); break;
+    case 2: run(gemv_elem_kernel<kFormat, 2>); break;
+    case 4: run(gemv_elem_kernel<kFormat, 4>); break;
+    case 8: run(gemv_elem_kernel<kFormat, 8>); break;
+    case 16: run(gemv_elem_kernel<kFormat, 16>); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t gemv_elem(int format, const uint8_t* w, const uint8_t* scales, float tensor_scale,
-                      const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y, int ldy, int M, int N,
-                      int K, cudaStream_t stream) {
+                      const __nv_bfloat16* x, const float* x_scale, int x_scale_cols, const __nv_bfloat16* bias,
+                      __nv_bfloat16* y, int ldy, int M, int max_m, int N, int K, cudaStream_t stream) {
+#define B12X_LAUNCH(F) launch<F>(w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, M, max_m, N, K, stream)
   switch (format) {
-    case kFP8: return launch<kFP8>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K, stream);
-    case kFP8_BLOCK: return launch<kFP8_BLOCK>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K, stream);
-    case kMXFP8: return launch<kMXFP8>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K, stream);
-    case kNVFP4: return launch<kNVFP4>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K, stream);
-    case kMXFP4: return launch<kMXFP4>(w, scales, tensor_scale, x, bias, y, ldy, M, N, K, stream);
+    case FMT_FP8: return B12X_LAUNCH(FMT_FP8);
+    case FMT_FP8_BLOCK: return B12X_LAUNCH(FMT_FP8_BLOCK);
+    case FMT_MXFP8: return B12X_LAUNCH(FMT_MXFP8);
+    case FMT_NVFP4: return B12X_LAUNCH(FMT_NVFP4);
+    case FMT_MXFP4: return B12X_LAUNCH(FMT_MXFP4);
     default: return cudaErrorInvalidValue;
   }
+#undef B12X_LAUNCH
 }
 
 }  // namespace b12x

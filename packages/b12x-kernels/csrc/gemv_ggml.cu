@@ -15,10 +15,10 @@ constexpr int kWarpsPerBlock = 8;
 
 // Each codec decodes one group of 8 weights: group g (0 <= g < kGroup/8) of the block at `blk`.
 struct Q8_0 {
-  static constexpr int kGroup = 32, kBytes = 34, kGridEntries = 0;
+  static constexpr int kGroup = Q8_0_GROUP, kBytes = Q8_0_BYTES, kGridEntries = 0;
   __device__ static void decode(const uint8_t* blk, int g, const uint64_t*, float w[8]) {
     const float d = load_half_a2(blk);
-    const uint8_t* q = blk + 2 + 8 * g;
+    const uint8_t* q = blk + Q8_0_QS_OFFSET + 8 * g;
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
       const uint16_t pair = *reinterpret_cast<const uint16_t*>(q + j);
@@ -38,21 +38,21 @@ __device__ __forceinline__ void iq2_group(uint64_t grid_entry, uint32_t sign7, f
 }
 
 struct IQ2_XXS {
-  static constexpr int kGroup = 256, kBytes = 66, kGridEntries = 256;
+  static constexpr int kGroup = IQ2_XXS_GROUP, kBytes = IQ2_XXS_BYTES, kGridEntries = IQ2_XXS_GRID_ENTRIES;
   __device__ static void decode(const uint8_t* blk, int g, const uint64_t* grid, float w[8]) {
     const int ib = g >> 2, l = g & 3;
-    const uint32_t aux0 = load_u32_a2(blk + 2 + 8 * ib);
-    const uint32_t aux1 = load_u32_a2(blk + 6 + 8 * ib);
+    const uint32_t aux0 = load_u32_a2(blk + IQ2_XXS_QS_OFFSET + 8 * ib);      // 4 grid bytes
+    const uint32_t aux1 = load_u32_a2(blk + IQ2_XXS_QS_OFFSET + 4 + 8 * ib);  // 4 × 7 sign bits, 4-bit scale
     const float db = load_half_a2(blk) * (0.5f + float(aux1 >> 28)) * 0.25f;
     iq2_group(grid[(aux0 >> (8 * l)) & 0xff], (aux1 >> (7 * l)) & 127u, db, w);
   }
 };
 
 struct IQ2_XS {
-  static constexpr int kGroup = 256, kBytes = 74, kGridEntries = 512;
+  static constexpr int kGroup = IQ2_XS_GROUP, kBytes = IQ2_XS_BYTES, kGridEntries = IQ2_XS_GRID_ENTRIES;
   __device__ static void decode(const uint8_t* blk, int g, const uint64_t* grid, float w[8]) {
-    const uint32_t q = reinterpret_cast<const uint16_t*>(blk + 2)[g];
-    const uint32_t sc = blk[66 + (g >> 2)];
+    const uint32_t q = reinterpret_cast<const uint16_t*>(blk + IQ2_XS_QS_OFFSET)[g];
+    const uint32_t sc = blk[IQ2_XS_SCALES_OFFSET + (g >> 2)];
     const uint32_t nibble = (g & 3) < 2 ? (sc & 15u) : (sc >> 4);
     const float db = load_half_a2(blk) * (0.5f + float(nibble)) * 0.25f;
     iq2_group(grid[q & 511u], q >> 9, db, w);
@@ -109,25 +109,29 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 template <class Codec>
 cudaError_t launch(const uint8_t* w, const uint64_t* grid, const __nv_bfloat16* x, const __nv_bfloat16* bias,
-                   __nv_bfloat16* y, int M, int N, int K, cudaStream_t stream) {
+                   __nv_bfloat16* y, int M, int max_m, int N, int K, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), blocks((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  // MAXM buckets keep register use (one fp32 accumulator per token) proportional to M.
-  if (M <= 1) gemv_kernel<Codec, 1><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K);
-  else if (M <= 2) gemv_kernel<Codec, 2><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K);
-  else if (M <= 4) gemv_kernel<Codec, 4><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K);
-  else if (M <= 8) gemv_kernel<Codec, 8><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K);
-  else gemv_kernel<Codec, 16><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K);
+  // The max_m bucket (the caller's plan) keeps register use (one fp32 accumulator per token) proportional to M.
+  switch (max_m) {
+    case 1: gemv_kernel<Codec, 1><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
+    case 2: gemv_kernel<Codec, 2><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
+    case 4: gemv_kernel<Codec, 4><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
+    case 8: gemv_kernel<Codec, 8><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
+    case 16: gemv_kernel<Codec, 16><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t gemv_ggml(int format, const uint8_t* w, const uint64_t* grid, const __nv_bfloat16* x,
-                      const __nv_bfloat16* bias, __nv_bfloat16* y, int M, int N, int K, cudaStream_t stream) {
+                      const __nv_bfloat16* bias, __nv_bfloat16* y, int M, int max_m, int N, int K,
+                      cudaStream_t stream) {
   switch (format) {
-    case kQ8_0: return launch<Q8_0>(w, grid, x, bias, y, M, N, K, stream);
-    case kIQ2_XXS: return launch<IQ2_XXS>(w, grid, x, bias, y, M, N, K, stream);
-    case kIQ2_XS: return launch<IQ2_XS>(w, grid, x, bias, y, M, N, K, stream);
+    case FMT_Q8_0: return launch<Q8_0>(w, grid, x, bias, y, M, max_m, N, K, stream);
+    case FMT_IQ2_XXS: return launch<IQ2_XXS>(w, grid, x, bias, y, M, max_m, N, K, stream);
+    case FMT_IQ2_XS: return launch<IQ2_XS>(w, grid, x, bias, y, M, max_m, N, K, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -15,6 +15,15 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// M tokens in a launch whose accumulator bucket (the plan's configuration) holds max_m.
+void check_tokens(const char* what, int M, int max_m) {
+  if (max_m != 1 && max_m != 2 && max_m != 4 && max_m != 8 && max_m != 16)
+    throw std::invalid_argument(std::string(what) + ": max_m must be 1, 2, 4, 8 or 16, got " + std::to_string(max_m));
+  if (M < 1 || M > max_m)
+    throw std::invalid_argument(std::string(what) + ": M must be in 1..max_m=" + std::to_string(max_m) + ", got " +
+                                std::to_string(M));
+}
+
 template <class T>
 T* ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
@@ -40,35 +49,47 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "gemv_ggml",
       [](int format, std::uintptr_t w, std::uintptr_t grid, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y,
-         int M, int N, int K, std::uintptr_t stream) {
-        if (M < 1 || M > 16) throw std::invalid_argument("gemv_ggml: M must be in 1..16, got " + std::to_string(M));
-        const int group = format == b12x::kQ8_0 ? 32 : 256;
+         int M, int max_m, int N, int K, std::uintptr_t stream) {
+        check_tokens("gemv_ggml", M, max_m);
+        int group = 0;
+        switch (format) {
+          case b12x::FMT_Q8_0: group = b12x::Q8_0_GROUP; break;
+          case b12x::FMT_IQ2_XXS: group = b12x::IQ2_XXS_GROUP; break;
+          case b12x::FMT_IQ2_XS: group = b12x::IQ2_XS_GROUP; break;
+          default: throw std::invalid_argument("gemv_ggml: format " + std::to_string(format) + " is no GGML format");
+        }
         if (K % group) throw std::invalid_argument("gemv_ggml: K must be a multiple of the block size");
-        if (!w || !x || !y || (format != b12x::kQ8_0 && !grid))
+        if (!w || !x || !y || (format != b12x::FMT_Q8_0 && !grid))
           throw std::invalid_argument("gemv_ggml: null pointer");
         check(b12x::gemv_ggml(format, ptr<const uint8_t>(w), ptr<const uint64_t>(grid),
                               ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
-                              N, K, reinterpret_cast<cudaStream_t>(stream)),
+                              max_m, N, K, reinterpret_cast<cudaStream_t>(stream)),
               "gemv_ggml launch");
       },
       py::arg("format"), py::arg("w"), py::arg("grid"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"),
-      py::arg("N"), py::arg("K"), py::arg("stream"));
+      py::arg("max_m"), py::arg("N"), py::arg("K"), py::arg("stream"));
 
   m.def(
       "gemv_elem",
       [](int format, std::uintptr_t w, std::uintptr_t scales, float tensor_scale, std::uintptr_t x,
-         std::uintptr_t bias, std::uintptr_t y, int ldy, int M, int N, int K, std::uintptr_t stream) {
-        if (M < 1 || M > 16) throw std::invalid_argument("gemv_elem: M must be in 1..16, got " + std::to_string(M));
+         std::uintptr_t x_scale, int x_scale_cols, std::uintptr_t bias, std::uintptr_t y, int ldy, int M, int max_m,
+         int N, int K, std::uintptr_t stream) {
+        check_tokens("gemv_elem", M, max_m);
         if (K % 8) throw std::invalid_argument("gemv_elem: K must be a multiple of 8");
-        if (!w || !x || !y || (format != b12x::kFP8 && !scales))
+        if (!w || !x || !y || (format != b12x::FMT_FP8 && !scales))
           throw std::invalid_argument("gemv_elem: null pointer");
+        const int groups = (K + b12x::FP8_BLOCK_SIZE - 1) / b12x::FP8_BLOCK_SIZE;
+        if (x_scale && x_scale_cols != 1 && x_scale_cols != groups)
+          throw std::invalid_argument("gemv_elem: x_scale_cols must be 1 or ceil(K/128)");
         check(b12x::gemv_elem(format, ptr<const uint8_t>(w), ptr<const uint8_t>(scales), tensor_scale,
-                              ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y),
-                              ldy, M, N, K, reinterpret_cast<cudaStream_t>(stream)),
+                              ptr<const __nv_bfloat16>(x), ptr<const float>(x_scale), x_scale_cols,
+                              ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), ldy, M, max_m, N, K,
+                              reinterpret_cast<cudaStream_t>(stream)),
               "gemv_elem launch");
       },
-      py::arg("format"), py::arg("w"), py::arg("scales"), py::arg("tensor_scale"), py::arg("x"), py::arg("bias"),
-      py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("stream"));
+      py::arg("format"), py::arg("w"), py::arg("scales"), py::arg("tensor_scale"), py::arg("x"), py::arg("x_scale"),
+      py::arg("x_scale_cols"), py::arg("bias"), py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("max_m"),
+      py::arg("N"), py::arg("K"), py::arg("stream"));
 
   m.def("mma_chunk_k", &b12x::mma_chunk_k, py::arg("format"));
   m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"));
@@ -103,7 +124,7 @@ PYBIND11_MODULE(_C, m) {
       "embedding_q8_0",
       [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,
          std::uintptr_t stream) {
-        if (H % 32) throw std::invalid_argument("embedding_q8_0: H must be a multiple of 32");
+        if (H % b12x::Q8_0_GROUP) throw std::invalid_argument("embedding_q8_0: H must be a multiple of the Q8_0 group");
         check(b12x::embedding_q8_0(ptr<const uint8_t>(table), ptr<const void>(ids), ids_int64,
                                    ptr<__nv_bfloat16>(out), T, V, H, reinterpret_cast<cudaStream_t>(stream)),
               "embedding_q8_0 launch");

@@ -9,11 +9,13 @@ from .capabilities import capabilities, explain
 from .embedding import PreparedEmbedding, embedding, prepare_embedding
 from .errors import UnsupportedError
 from .linear import PreparedLinear, linear, prepare_linear
-from .moe import PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
+from .moe import MOE_FORMATS, PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
+from .weights import input_scale_of
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MOE_FORMATS",
     "PreparedEmbedding",
     "PreparedLinear",
     "PreparedMoE",
@@ -21,6 +23,7 @@ __all__ = [
     "capabilities",
     "embedding",
     "explain",
+    "input_scale_of",
     "linear",
     "moe",
     "prepare_embedding",

@@ -10,7 +10,7 @@ from .errors import UnsupportedError
 def resolve_device(device) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     return device
 
 

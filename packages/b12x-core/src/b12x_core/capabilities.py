@@ -1,16 +1,16 @@
-"""What runs where: `capabilities(device)` lists (op, format, activation, path); `explain` shows the choice."""
+"""What runs where: `capabilities(device)` lists (op, format, activation, backends); `explain` prints a prepared
+op's plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import b12x_formats as bf
 
 from ._checks import resolve_device
-from .dispatch import Query, reasons
+from .backends import DeviceInfo, MoEShape, Query, for_op
 from .moe import MOE_FORMATS
+from .recipe import activation_mode
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Capability:
     op: str
     format: str
     activation: str
-    path: str  # the implementation `path="auto"` picks, or "unsupported"
+    path: str  # the backends `path="auto"` may plan with (", "-joined), or "unsupported"
 
 
 class Capabilities(list):
@@ -28,32 +28,29 @@ class Capabilities(list):
         return "\n".join(lines)
 
 
-def _auto_path(op: str, fmt: str, activation: str, device: torch.device) -> str:
-    for name, ok, _ in reasons(Query(op, fmt, activation, device, "auto")):
-        if ok:
-            return name
-    return "unsupported"
+def _auto_path(op: str, fmt: str, activation: str, info: DeviceInfo) -> str:
+    # an input_scale is assumed present (nvfp4 needs one; fp8 then reads as static)
+    mode = activation_mode(fmt, activation, True)
+    moe = MoEShape(1, 0, 0, 1, "silu", "gate_up", mode, fmt) if op == "moe" else None
+    query = Query(op, fmt, activation, mode, info, moe=moe)
+    names = [cls.name for cls in for_op(op) if cls.can_implement(query)[0]]
+    return ", ".join(dict.fromkeys(names)) or "unsupported"
 
 
 def capabilities(device="cpu") -> Capabilities:
-    device = resolve_device(device)
+    info = DeviceInfo.of(resolve_device(device))
     rows = Capabilities()
     for fmt in bf.FORMATS:
         for act in bf.spec(fmt).activations:
-            rows.append(Capability("linear", fmt, act, _auto_path("linear", fmt, act, device)))
+            rows.append(Capability("linear", fmt, act, _auto_path("linear", fmt, act, info)))
     for fmt, acts in MOE_FORMATS.items():
         for act in acts:
-            rows.append(Capability("moe", fmt, act, _auto_path("moe", fmt, act, device)))
-    rows.append(Capability("embedding", "Q8_0", "bf16", _auto_path("embedding", "Q8_0", "bf16", device)))
+            rows.append(Capability("moe", fmt, act, _auto_path("moe", fmt, act, info)))
+    rows.append(Capability("embedding", "Q8_0", "bf16", _auto_path("embedding", "Q8_0", "bf16", info)))
     return rows
 
 
 def explain(prepared, m: int | None = None) -> str:
-    """Why `prepared` runs where it does, for a call with m tokens: every candidate with its reason."""
-    lines = [f"{prepared!r}" + (f" at m={m}" if m is not None else "")]
-    for name, ok, why in reasons(prepared.query):
-        mark = "->" if name == prepared.path else ("ok" if ok else "no")
-        lines.append(f"  {mark} {name}: {why}")
-    if m is not None and m > getattr(prepared, "max_tokens", m):
-        lines.append(f"  m={m} exceeds max_tokens={prepared.max_tokens}: the call would raise UnsupportedError")
-    return "\n".join(lines)
+    """The plan of a prepared op: every token range, its backend and configuration, why it won and why every
+    other backend lost; with `m`, the row a call of m tokens runs."""
+    return prepared.plan.explain(repr(prepared), m)

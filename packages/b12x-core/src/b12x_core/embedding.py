@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 import torch
 
 import b12x_formats as bf
+from b12x_formats.kernel_facts import Q8_0_QS_OFFSET
 
 from . import _registry
+from . import plan as plans
 from ._checks import check_tensor, refuse_during_capture, resolve_device
-from .dispatch import Query, choose
+from .backends import DeviceInfo, Query
 from .errors import UnsupportedError
 
 
@@ -19,10 +21,13 @@ class PreparedEmbedding:
     vocab: int
     hidden: int
     device: torch.device
-    path: str
     blocks: torch.Tensor = field(repr=False)  # uint8 [V, H/32, 34], the checkpoint bytes
-    query: Query | None = None
+    plan: plans.Plan | None = field(default=None, repr=False)
     handle: int = 0
+
+    @property
+    def path(self) -> str:
+        return self.plan.summary()
 
     def __repr__(self) -> str:
         return f"PreparedEmbedding(Q8_0, V={self.vocab}, H={self.hidden}, {self.device}, path={self.path})"
@@ -34,25 +39,35 @@ def prepare_embedding(qw: bf.QuantizedWeight, device="cpu", path: str = "auto") 
         what = f"{qw.format} {list(qw.shape)}" if isinstance(qw, bf.QuantizedWeight) else type(qw).__name__
         raise UnsupportedError(f"embedding supports Q8_0 weights [V, H], got {what}")
     device = resolve_device(device)
-    query = Query("embedding", "Q8_0", "bf16", device, path)
-    chosen = choose(query)
     blocks = torch.from_numpy(qw.tensors["weight"].copy()).to(device)
-    emb = PreparedEmbedding(qw.shape[0], qw.shape[1], device, chosen, blocks)
-    emb.query, emb.handle = query, _registry.register(emb)
+    emb = PreparedEmbedding(qw.shape[0], qw.shape[1], device, blocks)
+    query = Query("embedding", "Q8_0", "bf16", "bf16", DeviceInfo.of(device), path, qw.shape[1], 0, plans.UNBOUNDED)
+    emb.plan = plans.build(query, emb)
+    emb.handle = _registry.register(emb)
     return emb
+
+
+def check_embedding_call(ids: torch.Tensor, emb: PreparedEmbedding) -> None:
+    check_tensor("ids", ids, dtype=(torch.int32, torch.int64), device=emb.device)
 
 
 def embedding(ids: torch.Tensor, emb: PreparedEmbedding) -> torch.Tensor:
     """int32/int64 ids [...] -> bf16 [..., H]; ids outside [0, V) raise ValueError."""
-    check_tensor("ids", ids, dtype=(torch.int32, torch.int64), device=emb.device)
+    check_embedding_call(ids, emb)
     return torch.ops.b12x.embedding(ids, emb.handle)
+
+
+def run_embedding(ids: torch.Tensor, emb: PreparedEmbedding) -> torch.Tensor:
+    if ids.numel() == 0:
+        return torch.empty(*ids.shape, emb.hidden, dtype=torch.bfloat16, device=ids.device)
+    return emb.plan.for_tokens(ids.numel()).run(ids).reshape(*ids.shape, emb.hidden)
 
 
 def embedding_reference(ids: torch.Tensor, emb: PreparedEmbedding) -> torch.Tensor:
     flat = ids.reshape(-1).to(torch.int64)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= emb.vocab):
         raise ValueError(f"embedding ids must lie in [0, {emb.vocab}), got [{int(flat.min())}, {int(flat.max())}]")
-    rows = emb.blocks[flat]  # [T, H/32, 34]
-    d = rows[..., :2].contiguous().view(torch.float16).to(torch.float32)  # [T, H/32, 1]
-    q = rows[..., 2:].contiguous().view(torch.int8).to(torch.float32)
-    return (d * q).reshape(*ids.shape, emb.hidden).to(torch.bfloat16)
+    rows = emb.blocks[flat]  # [T, H/group, block bytes]
+    d = rows[..., :Q8_0_QS_OFFSET].contiguous().view(torch.float16).to(torch.float32)  # [T, H/group, 1]
+    q = rows[..., Q8_0_QS_OFFSET:].contiguous().view(torch.int8).to(torch.float32)
+    return (d * q).reshape(flat.numel(), emb.hidden).to(torch.bfloat16)

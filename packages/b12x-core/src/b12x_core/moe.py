@@ -16,11 +16,14 @@ import torch
 import b12x_formats as bf
 
 from . import _registry
+from . import plan as plans
 from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
 from .activations import quantize_activation
-from .dispatch import Query, choose
+from .backends import DeviceInfo, MoEShape, Query
 from .errors import UnsupportedError
-from .linear import DEFAULT_MAX_TOKENS, activation_mode, as_shards, dequantize_rows, input_scale_of
+from .linear import DEFAULT_MAX_TOKENS
+from .recipe import activation_mode, moe_act_format
+from .weights import DeviceWeights, as_shards, input_scale_of
 
 # Weight formats of fused MoE and the activation formats each runs with.
 MOE_FORMATS = {
@@ -67,17 +70,16 @@ class PreparedMoE:
     top_k: int
     max_tokens: int
     device: torch.device
-    path: str
-    w13: torch.Tensor | None = field(repr=False)  # reference: float32 [E, 2I or I, H]
-    w2: torch.Tensor | None = field(repr=False)  # reference: float32 [E, H, I]
     act_mode_13: str = "bf16"
     act_mode_2: str = "bf16"
     input_scale_13: float | None = None
     input_scale_2: float | None = None
-    query: Query | None = None
+    plan: plans.Plan | None = field(default=None, repr=False)
     handle: int = 0
-    tiles13: object | None = field(default=None, repr=False)  # tile_path.TileWeight: experts stacked by rows
-    tiles2: object | None = field(default=None, repr=False)
+
+    @property
+    def path(self) -> str:
+        return self.plan.summary()
 
     def __repr__(self) -> str:
         return (
@@ -100,7 +102,7 @@ def prepare_moe(
     expert_map=None,
 ) -> PreparedMoE:
     """w13: [E, 2I, H] (gated SiLU) or [E, I, H] (ReLU²), whole or as row shards (gate, up) that carry their
-    own per-expert scales; w2: [E, H, I]."""
+    own per-expert scales; w2: [E, H, I]. `act_format="auto"` takes the checkpoint's recipe (recipe.py)."""
     refuse_during_capture("prepare_moe")
     if expert_map is not None:
         raise UnsupportedError(
@@ -114,6 +116,9 @@ def prepare_moe(
     w13_shards = as_shards(w13)
     w13_shape = (*w13_shards[0].shape[:-2], sum(p.shape[-2] for p in w13_shards), w13_shards[0].shape[-1])
     w13 = w13_shards[0]
+    s13, s2 = input_scale_of(w13_shards), input_scale_of(w2) if isinstance(w2, bf.QuantizedWeight) else None
+    if isinstance(w13, bf.QuantizedWeight) and w13.format in MOE_FORMATS:
+        act_format = moe_act_format(w13.format, act_format, s13 is not None)
     for name, qw in (("w13", w13), ("w2", w2)):
         if not isinstance(qw, bf.QuantizedWeight) or len(qw.shape) != 3:
             raise UnsupportedError(f"{name} must be a QuantizedWeight [E, N, K] with a leading expert dim")
@@ -134,9 +139,12 @@ def prepare_moe(
     if top_k > experts:
         raise ValueError(f"top_k={top_k} exceeds the number of experts {experts}")
     device = resolve_device(device)
-    s13, s2 = input_scale_of(w13_shards), input_scale_of(w2)
-    query = Query("moe", f"{w13.format}/{w2.format}", act_format, device, path)
-    chosen = choose(query)
+    mode13 = activation_mode(w13.format, act_format, s13 is not None)
+    mode2 = activation_mode(w2.format, act_format, s2 is not None)
+    shape = MoEShape(experts, hidden, inter, top_k, activation, w13_order, mode2, w2.format)
+    query = Query("moe", w13.format, act_format, mode13, DeviceInfo.of(device), path, rows, hidden, max_tokens,
+                  moe=shape)  # fmt: skip
+    weights = (DeviceWeights(w13_shards, mode13, s13, device), DeviceWeights([w2], mode2, s2, device))
     moe = PreparedMoE(
         w13_format=w13.format,
         w2_format=w2.format,
@@ -149,27 +157,18 @@ def prepare_moe(
         top_k=top_k,
         max_tokens=max_tokens,
         device=device,
-        path=chosen,
-        w13=None if chosen == "triton_moe" else dequantize_rows(w13_shards, device),
-        w2=None if chosen == "triton_moe" else torch.from_numpy(bf.dequantize(w2)).to(device),
-        act_mode_13=activation_mode(w13.format, act_format, s13 is not None),
-        act_mode_2=activation_mode(w2.format, act_format, s2 is not None),
+        act_mode_13=mode13,
+        act_mode_2=mode2,
         input_scale_13=s13,
         input_scale_2=s2,
+        plan=plans.build(query, weights),
     )
-    moe.query, moe.handle = query, _registry.register(moe)
-    if chosen == "triton_moe":
-        from . import moe_path, tile_path
-
-        moe.tiles13 = tile_path.prepare_tiles(w13_shards, moe.act_mode_13, s13, device)
-        moe.tiles2 = tile_path.prepare_tiles([w2], moe.act_mode_2, s2, device)
-        moe_path.warm(moe)
+    moe.handle = _registry.register(moe)
     return moe
 
 
-def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedMoE) -> torch.Tensor:
-    """x bf16 [T, H], topk_weights fp32 [T, k], topk_ids int32/int64 [T, k] -> bf16 [T, H]."""
-    p = prepared
+def check_moe_call(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, p: PreparedMoE) -> None:
+    """The checks of bc.moe and torch.ops.b12x.moe."""
     check_tensor("x", x, dtype=torch.bfloat16, device=p.device, ndim=2)
     if x.shape[1] != p.hidden:
         raise UnsupportedError(f"x {list(x.shape)}: hidden size must be H={p.hidden}")
@@ -182,30 +181,44 @@ def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, pre
             f"topk_ids {list(topk_ids.shape)} and topk_weights {list(topk_weights.shape)} must be [T, top_k] = "
             f"{list(expected)}"
         )
-    return torch.ops.b12x.moe(x, topk_weights, topk_ids, p.handle)
 
 
-def _expert_activation(h: torch.Tensor, p: PreparedMoE) -> torch.Tensor:
-    if p.activation == "relu2":
+def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedMoE) -> torch.Tensor:
+    """x bf16 [T, H], topk_weights fp32 [T, k], topk_ids int32/int64 [T, k] -> bf16 [T, H]."""
+    check_moe_call(x, topk_weights, topk_ids, prepared)
+    return torch.ops.b12x.moe(x, topk_weights, topk_ids, prepared.handle)
+
+
+def run_moe(x, topk_weights, topk_ids, p: PreparedMoE) -> torch.Tensor:
+    if x.shape[0] == 0:
+        return torch.empty_like(x)
+    return p.plan.for_tokens(x.shape[0]).run(x, topk_weights, topk_ids)
+
+
+def _expert_activation(h: torch.Tensor, shape) -> torch.Tensor:
+    """silu(gate) · up (halves in `shape.w13_order`) or relu(h)²; `shape`: a MoEShape or PreparedMoE."""
+    if shape.activation == "relu2":
         return torch.relu(h).square()
-    first, second = h[:, : p.intermediate], h[:, p.intermediate :]
-    gate, up = (first, second) if p.w13_order == "gate_up" else (second, first)
+    first, second = h[:, : shape.intermediate], h[:, shape.intermediate :]
+    gate, up = (first, second) if shape.w13_order == "gate_up" else (second, first)
     return torch.nn.functional.silu(gate) * up
 
 
-def moe_reference(x, topk_weights, topk_ids, p: PreparedMoE) -> torch.Tensor:
+def moe_reference(x, topk_weights, topk_ids, query, w13, w2, input_scales) -> torch.Tensor:
+    """The exact reference: w13 / w2 float32 [E, ...] dequantized weights, `query` the op's (modes, shape)."""
+    shape = query.moe
     ids = topk_ids.to(torch.int64)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= p.experts):
-        raise ValueError(f"topk_ids must lie in [0, {p.experts}), got [{int(ids.min())}, {int(ids.max())}]")
-    xq = quantize_activation(x, p.act_mode_13, p.input_scale_13)
-    y = torch.zeros(x.shape[0], p.hidden, dtype=torch.float32, device=x.device)
-    for e in range(p.experts):  # ascending expert order: a fixed summation order, so bit-reproducible
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= shape.experts):
+        raise ValueError(f"topk_ids must lie in [0, {shape.experts}), got [{int(ids.min())}, {int(ids.max())}]")
+    xq = quantize_activation(x, query.act_mode, input_scales[0])
+    y = torch.zeros(x.shape[0], shape.hidden, dtype=torch.float32, device=x.device)
+    for e in range(shape.experts):  # ascending expert order: a fixed summation order, so bit-reproducible
         tokens, slots = (ids == e).nonzero(as_tuple=True)
         if tokens.numel() == 0:
             continue
-        h = xq[tokens] @ p.w13[e].T
-        a = _expert_activation(h, p).to(torch.bfloat16)
-        out = quantize_activation(a, p.act_mode_2, p.input_scale_2) @ p.w2[e].T
+        h = xq[tokens] @ w13[e].T
+        a = _expert_activation(h, shape).to(torch.bfloat16)
+        out = quantize_activation(a, shape.act_mode_2, input_scales[1]) @ w2[e].T
         y.index_add_(0, tokens, out * topk_weights[tokens, slots, None])
     return y.to(torch.bfloat16)
 

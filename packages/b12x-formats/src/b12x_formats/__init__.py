@@ -4,10 +4,10 @@ numpy-only at import time; torch tensors are accepted wherever arrays are.
 """
 
 from . import modelopt
-from .api import dequantize, formats, quantize, spec
+from .api import dequantize, formats, per_tensor_names, quantize, spec, tensor_shapes
 from .quantized import QuantizedWeight
 from .slicing import concat_rows, slice_weight
-from .spec import FormatSpec, TensorSpec
+from .spec import PER_TENSOR, FormatSpec, TensorSpec
 
 __version__ = "0.1.0"
 
@@ -15,13 +15,16 @@ FORMATS = formats()
 
 __all__ = [
     "FORMATS",
+    "PER_TENSOR",
     "FormatSpec",
     "QuantizedWeight",
     "TensorSpec",
     "concat_rows",
     "dequantize",
     "modelopt",
+    "per_tensor_names",
     "quantize",
     "slice_weight",
     "spec",
+    "tensor_shapes",
 ]

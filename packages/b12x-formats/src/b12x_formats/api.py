@@ -19,6 +19,17 @@ def spec(name: str) -> FormatSpec:
     return codec_for(name).spec
 
 
+def tensor_shapes(fmt: str, lead: tuple[int, ...], n: int, k: int) -> dict[str, tuple | str]:
+    """Every tensor the format may store for a logical [*lead, n, k] weight: name -> exact shape, or PER_TENSOR
+    for a per-tensor scale (a scalar, or one per leading index)."""
+    return codec_for(fmt).expected_shapes(tuple(lead), n, k)
+
+
+def per_tensor_names(fmt: str) -> tuple[str, ...]:
+    """The format's per-tensor scales (FP8 weight_scale, NVFP4 weight_scale_2, input_scale)."""
+    return codec_for(fmt).per_tensor_names()
+
+
 def quantize(w, fmt: str, importance=None) -> QuantizedWeight:
     """Quantize float weights [..., N, K] (numpy or torch, any float dtype) into `fmt`.
 

@@ -12,6 +12,7 @@ import numpy as np
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 E8M0_NAN = 0xFF
+E8M0_BIAS = 127  # code b means 2^(b - 127)
 
 
 def encode_e4m3(x: np.ndarray) -> np.ndarray:
@@ -41,7 +42,7 @@ def decode_e8m0(codes: np.ndarray) -> np.ndarray:
 
 def e8m0_from_exponent(exponent: np.ndarray) -> np.ndarray:
     """Unbiased integer exponents -> uint8 E8M0 codes, clamped to the finite range 2^-127 .. 2^127."""
-    return (np.clip(exponent, -127, 127) + 127).astype(np.uint8)
+    return (np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(np.uint8)
 
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:

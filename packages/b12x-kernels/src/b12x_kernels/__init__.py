@@ -1,15 +1,16 @@
 """b12x device code: CUDA C++ kernels behind a narrow pointer-based binding (`b12x_kernels._C`).
 
 Imports on machines without a GPU (or without the built extension): `available()` says whether kernels can
-run here and `unavailable_reason()` why not. No dispatch policy lives here: b12x_core decides what runs.
+run here and `unavailable_reason()` why not. No dispatch policy lives here: b12x_core decides what runs and
+with which configuration (the GEMVs' `max_m` accumulator bucket, the Triton tiles' block sizes, K splits).
+Format numbers come from b12x_formats.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from b12x_formats.kernel_facts import format_id
 
-GGML_FORMAT_IDS = {"Q8_0": 0, "IQ2_XXS": 1, "IQ2_XS": 2}
-ELEM_FORMAT_IDS = {"FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4}
+__version__ = "0.1.0"
 
 try:
     from . import _C
@@ -36,9 +37,12 @@ def compiled_archs() -> list[str]:
     return [] if _C is None else _C.compiled_archs().split(",")
 
 
-def gemv_ggml(fmt: str, w: int, grid: int, x: int, bias: int, y: int, m: int, n: int, k: int, stream: int) -> None:
-    """y[m, n] = x @ W.T (+ bias) for M <= 16, W raw GGML blocks; all arguments are device pointers / sizes."""
-    _C.gemv_ggml(GGML_FORMAT_IDS[fmt], w, grid, x, bias, y, m, n, k, stream)
+def gemv_ggml(
+    fmt: str, w: int, grid: int, x: int, bias: int, y: int, m: int, max_m: int, n: int, k: int, stream: int
+) -> None:
+    """y[m, n] = x @ W.T (+ bias) for m <= max_m (1, 2, 4, 8 or 16), W raw GGML blocks; all arguments are device
+    pointers / sizes."""
+    _C.gemv_ggml(format_id(fmt), w, grid, x, bias, y, m, max_m, n, k, stream)
 
 
 def gemv_elem(
@@ -47,16 +51,22 @@ def gemv_elem(
     scales: int,
     tensor_scale: float,
     x: int,
+    x_scale: int,
+    x_scale_cols: int,
     bias: int,
     y: int,
     ldy: int,
     m: int,
+    max_m: int,
     n: int,
     k: int,
     stream: int,
 ) -> None:
-    """y[m, :n] (row stride ldy) = x @ W.T * tensor_scale (+ bias) for FP8 / FP8_BLOCK / MXFP8 / NVFP4 / MXFP4."""
-    _C.gemv_elem(ELEM_FORMAT_IDS[fmt], w, scales, tensor_scale, x, bias, y, ldy, m, n, k, stream)
+    """y[m, :n] (row stride ldy) = (x · x_scale) @ W.T * tensor_scale (+ bias) for FP8 / FP8_BLOCK / MXFP8 /
+    NVFP4 / MXFP4, m <= max_m (1, 2, 4, 8 or 16). x_scale (0: none) is float32 [m, x_scale_cols], one scale per
+    token (x_scale_cols 1) or per token and 128 columns (x_scale_cols ceil(k/128))."""
+    _C.gemv_elem(format_id(fmt), w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, m, max_m, n, k,
+                 stream)  # fmt: skip
 
 
 def mma_blocks_per_sm(fmt_id: int, mt: int, rt: int) -> int:

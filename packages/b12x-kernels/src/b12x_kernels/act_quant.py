@@ -13,11 +13,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .format_facts import E4M3_MAX, FP8_BLOCK_SIZE, MX_GROUP, NVFP4_GROUP
+
 
 @triton.jit
 def _round_e4m3(v):
     """float32 -> the nearest E4M3 value (ties to even), saturating at ±448, as float32."""
-    a = tl.minimum(tl.abs(v), 448.0)
+    a = tl.minimum(tl.abs(v), E4M3_MAX)
     bits = a.to(tl.uint32, bitcast=True)
     # normals (a >= 2^-6): keep 3 mantissa bits, round half to even on the dropped 20
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
@@ -71,8 +73,8 @@ def quantize_activation(x, mode: str, out, global_scale: float = 1.0):
     if mode not in ("mxfp8", "nvfp4"):
         raise ValueError(f"quantize_activation: mode must be 'mxfp8' or 'nvfp4', got {mode!r}")
     m, k = x.shape
-    group = 32 if mode == "mxfp8" else 16
-    block_k = 128 if k % 128 == 0 else group
+    group = MX_GROUP.value if mode == "mxfp8" else NVFP4_GROUP.value
+    block_k = FP8_BLOCK_SIZE.value if k % FP8_BLOCK_SIZE.value == 0 else group
     grid = (triton.cdiv(m, 16), triton.cdiv(k, block_k))
     _quantize[grid](x, out, m, k, global_scale, MODE=0 if mode == "mxfp8" else 1, GROUP=group, BLOCK_M=16,
                     BLOCK_K=block_k, num_warps=4)  # fmt: skip
@@ -89,11 +91,13 @@ def _e4m3_code(r):
     return (code | tl.where(r < 0, 128, 0)).to(tl.uint8)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_K: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["M", "SCALE_STRIDE_M", "SCALE_STRIDE_G"])  # one compile per mode and layer
+def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, SCALE_STRIDE_G, MODE: tl.constexpr,
+                  VALUES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """MODE 0: static per-tensor scale; 1: per token (scale_ptr [M]); 2: per token × 128 (scale_ptr [M, ⌈K/128⌉],
-    BLOCK_K == 128, one program per column group)."""
+    BLOCK_K == 128, one program per column group). VALUES: store each code's value as bf16 (exact) instead of
+    its uint8 code, for kernels that multiply bf16. Scales sit at scale_ptr + m·SCALE_STRIDE_M + g·SCALE_STRIDE_G
+    (row- or column-major, as the consuming GEMM wants)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     if MODE == 1:
@@ -103,9 +107,9 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexp
             x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
                         other=0.0).to(tl.float32)  # fmt: skip
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+        s = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
         s = tl.where(s > 0, s, 1.0)
-        tl.store(scale_ptr + offs_m, s, mask=m_ok)
+        tl.store(scale_ptr + offs_m * SCALE_STRIDE_M, s, mask=m_ok)
         k_first = 0
         k_steps = K
     elif MODE == 2:
@@ -113,9 +117,9 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexp
         offs_k = k_first + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
                     other=0.0).to(tl.float32)  # fmt: skip
-        s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), tl.full((BLOCK_M,), 448.0, tl.float32))
+        s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), tl.full((BLOCK_M,), E4M3_MAX, tl.float32))
         s = tl.where(s > 0, s, 1.0)
-        tl.store(scale_ptr + offs_m * tl.cdiv(K, 128) + tl.program_id(1), s, mask=m_ok)
+        tl.store(scale_ptr + offs_m * SCALE_STRIDE_M + tl.program_id(1) * SCALE_STRIDE_G, s, mask=m_ok)
         k_steps = BLOCK_K
     else:
         s = tl.full((BLOCK_M,), static_scale, tl.float32)
@@ -125,19 +129,26 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, MODE: tl.constexp
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = m_ok[:, None] & (offs_k[None, :] < K)
         x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-        q = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
-        tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], _e4m3_code(_round_e4m3(q)), mask=mask)
+        q = _round_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+        if VALUES:
+            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], q.to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], _e4m3_code(q), mask=mask)
 
 
 def quantize_fp8(x, mode: str, q_out, scale_out=None, static_scale: float = 1.0):
-    """e4m3 codes of x [M, K] bf16 into q_out (uint8 [M, K]; view it as float8_e4m3fn), as
-    b12x_core.activations.fp8_operands: mode "fp8_static" (static_scale), "fp8_token" (scale_out [M]) or
-    "fp8_group128" (scale_out [M, ⌈K/128⌉])."""
+    """e4m3 codes of x [M, K] bf16 into q_out (uint8 [M, K]: view it as float8_e4m3fn; or bf16 [M, K]: the codes'
+    values, exact), as b12x_core.activations.fp8_operands: mode "fp8_static" (static_scale), "fp8_token"
+    (scale_out [M] or [M, 1]) or "fp8_group128" (scale_out [M, ⌈K/128⌉], any strides: a transposed view gives the
+    column-major scales cuBLASLt's block-wise GEMM reads)."""
     modes = {"fp8_static": 0, "fp8_token": 1, "fp8_group128": 2}
     if mode not in modes:
         raise ValueError(f"quantize_fp8: mode must be one of {list(modes)}, got {mode!r}")
     m, k = x.shape
-    grid = (triton.cdiv(m, 16), triton.cdiv(k, 128) if mode == "fp8_group128" else 1)
-    _quantize_fp8[grid](x, q_out, q_out if scale_out is None else scale_out, m, k, static_scale, MODE=modes[mode],
-                        BLOCK_M=16, BLOCK_K=128, num_warps=4)  # fmt: skip
+    group = FP8_BLOCK_SIZE.value  # fp8_group128's groups; the other modes step by it too
+    grid = (triton.cdiv(m, 16), triton.cdiv(k, group) if mode == "fp8_group128" else 1)
+    values = q_out.element_size() == 2
+    strides = (0, 0) if scale_out is None else (scale_out.stride(0), scale_out.stride(1) if scale_out.dim() > 1 else 0)
+    _quantize_fp8[grid](x, q_out, q_out if scale_out is None else scale_out, m, k, static_scale, *strides,
+                        MODE=modes[mode], VALUES=values, BLOCK_M=16, BLOCK_K=group, num_warps=4)  # fmt: skip
     return q_out

@@ -12,7 +12,9 @@ y[m, n] = (Σ_k x[m, k] · w[n, k] · group_scale) · col_scale[n] · row_scale[
 - group scales: FP8_BLOCK's weight scales expanded to one row per output row ([N, ⌈K/128⌉], so fused shards of
   any height concatenate) and optional 1×128 activation scales [M, ⌈K/128⌉], applied per K step of 128.
 
-This module only runs what it is told; b12x_core decides when (by M) and prepares the inputs.
+This module only runs what it is told: every tile configuration (block sizes, warps, stages, K split) arrives
+as an argument; b12x_core's plan picks it and prepares the inputs. Format numbers and block facts come from
+format_facts.py, generated from b12x_formats.
 """
 
 from __future__ import annotations
@@ -20,15 +22,42 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FORMATS = ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "W4A16_NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS")
-_CODE = {"FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4, "Q8_0": 5,
-         "IQ2_XXS": 6, "IQ2_XS": 7}  # fmt: skip
-BLOCK_K = 128  # every format steps 128 along K (IQ2: half a superblock; FP8_BLOCK: one scale block)
+from b12x_formats.kernel_facts import FORMAT_IDS, format_id
+
+from .format_facts import (
+    E8M0_BIAS,
+    FMT_FP8,
+    FMT_FP8_BLOCK,
+    FMT_IQ2_XXS,
+    FMT_MXFP4,
+    FMT_MXFP8,
+    FMT_NVFP4,
+    FMT_Q8_0,
+    FP8_BLOCK_SIZE,
+    IQ2_XS_BYTES,
+    IQ2_XS_GROUP,
+    IQ2_XS_QS_OFFSET,
+    IQ2_XS_SCALES_OFFSET,
+    IQ2_XXS_BYTES,
+    IQ2_XXS_GROUP,
+    IQ2_XXS_QS_OFFSET,
+    MX_GROUP,
+    NVFP4_GROUP,
+    Q8_0_BYTES,
+    Q8_0_GROUP,
+    Q8_0_QS_OFFSET,
+)
+
+FORMATS = tuple(FORMAT_IDS)
+# Every format steps one FP8 scale block along K: FP8_BLOCK's weight and 1×128 activation scales change once per
+# step, and the other groups (MX, NVFP4, Q8_0, half an IQ2 superblock) divide it.
+BLOCK_K = FP8_BLOCK_SIZE.value
 
 
 @triton.jit
 def _e8m0(e):
-    """uint8 E8M0 codes -> float32 2^(e-127), exactly (0 -> 2^-127)."""
+    """uint8 E8M0 codes -> float32 2^(e-127), exactly (0 -> 2^-127): E8M0's bias is float32's exponent bias, so the
+    code is the float's exponent field."""
     bits = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     return tl.where(e == 0, 5.877471754111438e-39, bits)
 
@@ -57,52 +86,55 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
     offs_n = offs_n.to(tl.int64)  # byte offsets of stacked experts pass 2^31 (DeepSeek-V3-sized: 3.8 GB)
     n = offs_n[:, None]
     n_ok = n < N
-    if FMT <= 2:  # FP8, FP8_BLOCK, MXFP8: e4m3 elements, [N, K]
+    if FMT == FMT_FP8 or (FMT == FMT_FP8_BLOCK or FMT == FMT_MXFP8):  # e4m3 elements, [N, K]
         k = k0 + tl.arange(0, BLOCK_K)[None, :]
         w = tl.load(w_ptr + n * K + k, mask=n_ok & (k < K), other=0.0)
-        if FMT == 2:  # MXFP8: one E8M0 scale per 32 along K
-            G: tl.constexpr = BLOCK_K // 32
-            kg = k0 // 32 + tl.arange(0, G)[None, :]
-            e = tl.load(s_ptr + n * (K // 32) + kg, mask=n_ok & (kg < K // 32), other=127)
-            w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, G, 32)) * _e8m0(e)[:, :, None]
+        if FMT == FMT_MXFP8:  # one E8M0 scale per MX_GROUP along K
+            G: tl.constexpr = BLOCK_K // MX_GROUP
+            kg = k0 // MX_GROUP + tl.arange(0, G)[None, :]
+            e = tl.load(s_ptr + n * (K // MX_GROUP) + kg, mask=n_ok & (kg < K // MX_GROUP), other=E8M0_BIAS)
+            w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, G, MX_GROUP)) * _e8m0(e)[:, :, None]
             w = tl.reshape(w3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
         elif not KEEP_FP8:
             w = w.to(tl.bfloat16)
         return w
-    elif FMT <= 4:  # NVFP4 (e4m3 scale per 16) and MXFP4 (E8M0 per 32): bytes [N, K/2], low nibble first
+    elif FMT == FMT_NVFP4 or FMT == FMT_MXFP4:  # e4m3 or E8M0 scale per group; bytes [N, K/2], low nibble first
         H: tl.constexpr = BLOCK_K // 2
         kb = k0 // 2 + tl.arange(0, H)[None, :]
         b = tl.load(w_ptr + n * (K // 2) + kb, mask=n_ok & (kb < K // 2), other=0).to(tl.int32)
         v = tl.reshape(tl.join(_e2m1(b & 15), _e2m1(b >> 4)), (BLOCK_N, BLOCK_K))
-        GS: tl.constexpr = 16 if FMT == 3 else 32
+        GS: tl.constexpr = NVFP4_GROUP if FMT == FMT_NVFP4 else MX_GROUP
         G: tl.constexpr = BLOCK_K // GS
         kg = k0 // GS + tl.arange(0, G)[None, :]
-        if FMT == 3:
-            s = tl.load(s_ptr + n * (K // 16) + kg, mask=n_ok & (kg < K // 16), other=0.0).to(tl.float32)
+        if FMT == FMT_NVFP4:
+            s = tl.load(s_ptr + n * (K // GS) + kg, mask=n_ok & (kg < K // GS), other=0.0).to(tl.float32)
         else:
-            s = _e8m0(tl.load(s_ptr + n * (K // 32) + kg, mask=n_ok & (kg < K // 32), other=127))
+            s = _e8m0(tl.load(s_ptr + n * (K // GS) + kg, mask=n_ok & (kg < K // GS), other=E8M0_BIAS))
         v3 = tl.reshape(v, (BLOCK_N, G, GS)) * s[:, :, None]
         return tl.reshape(v3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
-    elif FMT == 5:  # Q8_0: blocks [N, K/32, 34] = fp16 d, 32 int8
-        G: tl.constexpr = BLOCK_K // 32
-        nb = K // 32
-        blk = k0 // 32 + tl.arange(0, G)[None, :, None]
-        base = w_ptr + (offs_n[:, None, None] * nb + blk) * 34
+    elif FMT == FMT_Q8_0:  # blocks [N, K/Q8_0_GROUP, Q8_0_BYTES] = fp16 d, Q8_0_GROUP int8
+        G: tl.constexpr = BLOCK_K // Q8_0_GROUP
+        nb = K // Q8_0_GROUP
+        blk = k0 // Q8_0_GROUP + tl.arange(0, G)[None, :, None]
+        base = w_ptr + (offs_n[:, None, None] * nb + blk) * Q8_0_BYTES
         ok = (offs_n[:, None, None] < N) & (blk < nb)
         d = _fp16_at(tl.where(ok, base, w_ptr))
-        q = tl.load(base + 2 + tl.arange(0, 32)[None, None, :], mask=ok, other=0).to(tl.int8, bitcast=True)
+        q = tl.load(base + Q8_0_QS_OFFSET + tl.arange(0, Q8_0_GROUP)[None, None, :], mask=ok, other=0)
+        q = q.to(tl.int8, bitcast=True)
         return tl.reshape(q.to(tl.float32) * d, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
-    else:  # IQ2_XXS (66-byte) / IQ2_XS (74-byte) superblocks of 256 = 32 groups of 8; a step covers part of one
-        BYTES: tl.constexpr = 66 if FMT == 6 else 74
-        nb = K // 256
+    else:  # IQ2_XXS / IQ2_XS superblocks = groups of 8 weights (one grid entry each); a step covers part of one
+        BYTES: tl.constexpr = IQ2_XXS_BYTES if FMT == FMT_IQ2_XXS else IQ2_XS_BYTES
+        SUPER: tl.constexpr = IQ2_XXS_GROUP if FMT == FMT_IQ2_XXS else IQ2_XS_GROUP
+        nb = K // SUPER
         n3 = offs_n[:, None, None]
-        g = (k0 % 256) // 8 + tl.arange(0, BLOCK_K // 8)[None, :, None]
+        within = k0 - (k0 // SUPER) * SUPER  # k0 % SUPER (the interpreter's constexpr has no reflected %)
+        g = within // 8 + tl.arange(0, BLOCK_K // 8)[None, :, None]
         e = tl.arange(0, 8)[None, None, :]
         ok = n3 < N
-        base = w_ptr + tl.where(ok, n3 * nb + k0 // 256, 0) * BYTES
+        base = w_ptr + tl.where(ok, n3 * nb + k0 // SUPER, 0) * BYTES
         d = _fp16_at(base)
-        if FMT == 6:  # per 32: 4 grid bytes, then u32 (4 × 7 sign bits, 4-bit scale)
-            sub = base + 2 + (g // 4) * 8
+        if FMT == FMT_IQ2_XXS:  # per 32: 4 grid bytes, then u32 (4 × 7 sign bits, 4-bit scale)
+            sub = base + IQ2_XXS_QS_OFFSET + (g // 4) * 8
             grid_idx = tl.load(sub + (g % 4)).to(tl.int32)
             aux = tl.load(sub + 4).to(tl.uint32)
             aux |= tl.load(sub + 5).to(tl.uint32) << 8
@@ -111,10 +143,11 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
             sign_idx = ((aux >> (7 * (g % 4)).to(tl.uint32)) & 127).to(tl.int32)
             nibble = (aux >> 28).to(tl.int32)
         else:  # 32 u16 (9-bit grid index, 7-bit sign index), then 8 bytes of two 4-bit scales
-            q = tl.load(base + 2 + 2 * g).to(tl.int32) | (tl.load(base + 3 + 2 * g).to(tl.int32) << 8)
+            q = tl.load(base + IQ2_XS_QS_OFFSET + 2 * g).to(tl.int32)
+            q |= tl.load(base + IQ2_XS_QS_OFFSET + 1 + 2 * g).to(tl.int32) << 8
             grid_idx = q & 511
             sign_idx = q >> 9
-            nibble = (tl.load(base + 66 + g // 4).to(tl.int32) >> (4 * ((g // 2) % 2))) & 15
+            nibble = (tl.load(base + IQ2_XS_SCALES_OFFSET + g // 4).to(tl.int32) >> (4 * ((g // 2) % 2))) & 15
         db = d * (0.5 + nibble.to(tl.float32)) * 0.25  # llama.cpp's order of operations
         magnitude = ((tl.load(grid_ptr + grid_idx) >> (8 * e).to(tl.int64)) & 255).to(tl.float32)
         negative = (tl.load(sign_ptr + sign_idx).to(tl.int32) >> e) & 1
@@ -148,13 +181,15 @@ def _linear_tiles(
         x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
                     other=0.0)  # fmt: skip
         w = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K, FMT, X_FP8, BLOCK_N, BLOCK_K)
-        if FMT == 1 or X_GROUPS:  # scales that change every 128 along K (BLOCK_K == 128)
+        if FMT == FMT_FP8_BLOCK or X_GROUPS:  # scales that change every FP8_BLOCK_SIZE along K (== BLOCK_K)
             scale = tl.full((BLOCK_M, BLOCK_N), 1.0, tl.float32)
-            if FMT == 1:  # FP8_BLOCK: weight_scale_inv expanded per row, [N, ceil(K/128)]
-                ws = tl.load(s_ptr + offs_n * tl.cdiv(K, 128) + k0 // 128, mask=offs_n < N, other=0.0)
+            if FMT == FMT_FP8_BLOCK:  # weight_scale_inv expanded per row, [N, ceil(K/128)]
+                ws = tl.load(s_ptr + offs_n * tl.cdiv(K, FP8_BLOCK_SIZE) + k0 // FP8_BLOCK_SIZE, mask=offs_n < N,
+                             other=0.0)  # fmt: skip
                 scale = scale * ws[None, :]
             if X_GROUPS:  # 1×128 activation scales [M, ceil(K/128)]
-                xs = tl.load(x_group_ptr + offs_m * tl.cdiv(K, 128) + k0 // 128, mask=m_ok, other=0.0)
+                xs = tl.load(x_group_ptr + offs_m * tl.cdiv(K, FP8_BLOCK_SIZE) + k0 // FP8_BLOCK_SIZE, mask=m_ok,
+                             other=0.0)  # fmt: skip
                 scale = scale * xs[:, None]
             acc += tl.dot(x, tl.trans(w)) * scale
         else:
@@ -166,19 +201,6 @@ def _linear_tiles(
         acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
     tl.store(y_ptrs, acc.to(tl.bfloat16), mask=m_ok[:, None] & (offs_n[None, :] < N))
-
-
-def default_config(fmt: str, m: int, n: int = 1 << 20) -> dict:
-    """Tile sizes per M and N. Small M narrows the column tiles until about two waves of programs fill the GPU
-    (a 132-SM H200 at M ≤ 64 has only N/128 programs otherwise)."""
-    del fmt  # one table for every format so far
-    block_m = 128 if m > 64 else 64 if m > 32 else 32 if m > 16 else 16
-    block_n = 128
-    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 264:
-        block_n //= 2
-    warps = 8 if block_m == 128 and block_n == 128 else 4
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": BLOCK_K, "GROUP_M": 8, "num_warps": warps,
-            "num_stages": 3 if block_m * block_n >= 128 * 128 else 4}  # fmt: skip
 
 
 def linear_tiles(
@@ -194,19 +216,20 @@ def linear_tiles(
     row_scale=None,
     x_group_scale=None,
     bias=None,
-    config: dict | None = None,
+    config: dict,
 ):
-    """out[M, N] (bf16, written) = x[M, K] · decode(weight)ᵀ with the scales of the module docstring.
+    """out[M, N] (bf16, written) = x[M, K] · decode(weight)ᵀ with the scales of the module docstring, run with
+    `config` (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages: b12x_core's plan picks it).
 
     weight: the checkpoint bytes (fp8 tensor for FP8/FP8_BLOCK/MXFP8, uint8 otherwise; GGML blocks [N, K/g, B]);
     scales: the block-scale tensor (uint8 E8M0, fp8 e4m3 for NVFP4, float32 [N, ⌈K/128⌉] for FP8_BLOCK) or None;
     grid_table/sign_table: IQ2 grid (int64 [entries]) and ksigns (uint8 [128]).
     """
-    if fmt not in _CODE:
+    if fmt not in FORMAT_IDS:
         raise ValueError(f"linear_tiles: unknown format {fmt!r}; known {FORMATS}")
     m, k = x.shape
     n = out.shape[1]
-    cfg = dict(default_config(fmt, m, n), **(config or {}))
+    cfg = config
     dummy = col_scale  # any valid pointer for the unused ones
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _linear_tiles[grid](
@@ -214,9 +237,9 @@ def linear_tiles(
         dummy if sign_table is None else sign_table, col_scale, dummy if row_scale is None else row_scale,
         dummy if x_group_scale is None else x_group_scale, dummy if bias is None else bias, out,
         m, n, k,
-        FMT=_CODE[fmt], X_FP8=x.element_size() == 1, ROW_SCALE=row_scale is not None,
+        FMT=format_id(fmt), X_FP8=x.element_size() == 1, ROW_SCALE=row_scale is not None,
         X_GROUPS=x_group_scale is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=BLOCK_K, GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out
@@ -228,8 +251,9 @@ def _dequantize_tiles(w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, out_ptr, 
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     w = _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K, FMT, False, BLOCK_N, BLOCK_K).to(tl.float32)
-    if FMT == 1:
-        w = w * tl.load(s_ptr + offs_n * tl.cdiv(K, 128) + k0 // 128, mask=offs_n < N, other=0.0)[:, None]
+    if FMT == FMT_FP8_BLOCK:
+        ws = tl.load(s_ptr + offs_n * tl.cdiv(K, FP8_BLOCK_SIZE) + k0 // FP8_BLOCK_SIZE, mask=offs_n < N, other=0.0)
+        w = w * ws[:, None]
     w = w * tl.load(col_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
@@ -239,7 +263,7 @@ def _dequantize_tiles(w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, out_ptr, 
 def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=None, sign_table=None):
     """out[N, K] (bf16, written) = decode(weight) · block scales · col_scale[n], each rounded once to bf16:
     the weight a large-M call hands to a dense bf16 GEMM (memory-bound, ~N·K·(2 + packed bytes) of traffic)."""
-    if fmt not in _CODE:
+    if fmt not in FORMAT_IDS:
         raise ValueError(f"dequantize_tiles: unknown format {fmt!r}; known {FORMATS}")
     n, k = out.shape
     dummy = col_scale
@@ -247,7 +271,7 @@ def dequantize_tiles(fmt: str, weight, scales, col_scale, out, *, grid_table=Non
     _dequantize_tiles[grid](
         weight, dummy if scales is None else scales, dummy if grid_table is None else grid_table,
         dummy if sign_table is None else sign_table, col_scale, out, n, k,
-        FMT=_CODE[fmt], BLOCK_N=64, BLOCK_K=BLOCK_K, num_warps=4,
+        FMT=format_id(fmt), BLOCK_N=64, BLOCK_K=BLOCK_K, num_warps=4,
     )  # fmt: skip
     return out
 
@@ -326,19 +350,6 @@ def _moe_tiles(
 MOE_ACT = {"none": 0, "silu": 1, "relu2": 2}
 
 
-def moe_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
-    """Tile sizes of a grouped GEMM, from the mean rows per expert (measured on the H200 with
-    benchmarks/moe_configs.py; docs/performance.md). Decode: 16-row blocks, narrow 32-column tiles (more CTAs
-    stream weights); prefill: 128-row blocks on parts with the H200's shared memory. SM12x (99 KB) keeps 64-row
-    blocks until measured there: the 128-row tiles fit (64 KB, tests/kernels/compile_targets.py) but leave
-    one block per SM."""
-    if rows_per_expert <= 8:
-        return dict(block_m=16, block_n=32, num_warps=4, num_stages=3 if act == "silu" else 4)
-    if rows_per_expert <= 64 or smem_kb < 160:
-        return dict(block_m=64, block_n=64, num_warps=4, num_stages=2 if act == "silu" else 3)
-    return dict(block_m=128, block_n=64, num_warps=4, num_stages=2)
-
-
 @triton.jit(do_not_specialize=["ROWS", "SPLITS"])
 def _moe_activate(part_ptr, y_ptr, ROWS, N, SPLITS, ACT: tl.constexpr, UP_FIRST: tl.constexpr,
                   BLOCK: tl.constexpr):  # fmt: skip
@@ -399,30 +410,26 @@ def moe_combine(out, topk_weights, y):
 
 def moe_tiles(fmt: str, x, sorted_slots, block_expert, block_start, block_rows, weight, scales, col_scale, out, *,
               top_k: int, rows_per_expert: int, gather: bool, act: str, up_first: bool = False, grid_table=None,
-              sign_table=None, block_m: int = 16, block_n: int | None = None, num_warps: int = 4,
-              num_stages: int | None = None, k_split: int | None = None):  # fmt: skip
+              sign_table=None, block_m: int, block_n: int, num_warps: int, num_stages: int, k_split: int):  # fmt: skip
     """One grouped expert GEMM over expert-sorted token slots (see _moe_tiles); weight/scales/col_scale are the
     experts' tensors stacked along rows ([E·rows_per_expert, ...]); blocks with expert −1 do nothing, so the
-    launch size is fixed (CUDA graphs) while the routing decides the work. block_n, num_warps, num_stages
-    override the defaults (benchmarks/moe_configs.py sweeps them). k_split (a multiple of BLOCK_K) splits K:
-    out is then float32 [splits, rows, 2N (SiLU) or N] of raw sums (see _moe_tiles)."""
+    launch size is fixed (CUDA graphs) while the routing decides the work. The configuration (block_m, block_n,
+    num_warps, num_stages) and k_split (a multiple of BLOCK_K; K whole when >= K) come from b12x_core's plan
+    (benchmarks/moe_configs.py sweeps them). Split K: out is float32 [splits, rows, 2N (SiLU) or N] of raw sums
+    (see _moe_tiles)."""
     k = x.shape[1]
-    k_split = k_split or k
     splits = triton.cdiv(k, k_split)
     split = out.dim() == 3
     if split != (splits > 1) and not (split and act == "none"):
         raise ValueError(f"moe_tiles: out {tuple(out.shape)} does not fit {splits} K splits")
     n = out.shape[-1] // (2 if split and act == "silu" else 1)
     dummy = col_scale
-    block_n = block_n or (64 if n <= 4096 else 128)
-    if num_stages is None:
-        num_stages = 2 if act == "silu" else 3  # two weight tiles: SM12x's 99 KB
     grid = (block_expert.numel(), triton.cdiv(n, block_n), splits)
     _moe_tiles[grid](
         x, sorted_slots, block_expert, block_start, block_rows, weight, dummy if scales is None else scales,
         dummy if grid_table is None else grid_table, dummy if sign_table is None else sign_table, col_scale, out,
         n, k, top_k, rows_per_expert, out.shape[-2], k_split,
-        FMT=_CODE[fmt], GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, SPLIT=split, BLOCK_M=block_m,
+        FMT=format_id(fmt), GATHER=gather, ACT=MOE_ACT[act], UP_FIRST=up_first, SPLIT=split, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

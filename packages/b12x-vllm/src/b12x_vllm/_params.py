@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from b12x_formats.quantized import codec_for
-from b12x_formats.spec import PER_TENSOR
+import b12x_formats as bf
 
 TORCH_DTYPES = {"uint8": torch.uint8, "float8_e4m3fn": torch.float8_e4m3fn, "float32": torch.float32}
 
 
 def tensor_layout(fmt: str, lead: tuple[int, ...], n: int, k: int) -> dict[str, tuple[tuple | str, torch.dtype]]:
     """name -> (shape or PER_TENSOR, torch dtype) for every tensor the format may store."""
-    codec = codec_for(fmt)
-    shapes = codec.expected_shapes(lead, n, k)
-    return {t.name: (shapes[t.name], TORCH_DTYPES[t.dtype]) for t in codec.spec.tensors}
+    shapes = bf.tensor_shapes(fmt, lead, n, k)
+    return {t.name: (shapes[t.name], TORCH_DTYPES[t.dtype]) for t in bf.spec(fmt).tensors}
 
 
 def is_per_tensor(shape) -> bool:
-    return isinstance(shape, str) and shape == PER_TENSOR
+    return isinstance(shape, str) and shape == bf.PER_TENSOR
 
 
 def max_tokens_from_vllm() -> int:
@@ -37,9 +35,7 @@ def quantized_shards(fmt: str, params: dict[str, torch.Tensor], rows: list[int])
 
     `params` maps tensor names to data; per-tensor scales hold one slot per shard in their last dim
     ([shards] for a linear layer, [E, shards] for experts), NaN where the checkpoint has none."""
-    import b12x_formats as bf
-
-    scalar_names = codec_for(fmt).per_tensor_names()
+    scalar_names = bf.per_tensor_names(fmt)
     tensors = {n: t for n, t in params.items() if n not in scalar_names}
     scalars = {n: t for n, t in params.items() if n in scalar_names and not torch.isnan(t).all()}
     if not scalars:

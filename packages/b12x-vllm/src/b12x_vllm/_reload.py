@@ -1,5 +1,11 @@
 """Weight re-loading (RL weight sync, `llm.collective_rpc("reload_weights")`) keeps the prepared tensors'
-addresses, so CUDA graphs captured before the reload replay on the new weights."""
+addresses, so CUDA graphs captured before the reload replay on the new weights.
+
+A prepared b12x op is a tree of objects (its plan, the plan's prepared backends, their device layouts); this
+walks two such trees side by side without knowing their classes: when both hold the same tensors in the same
+places (shapes, dtypes, strides), the new tensors are copied into the old ones and every other value is taken
+from the new tree (scales kept on the host follow the new weights); otherwise the new object replaces the old.
+"""
 
 from __future__ import annotations
 
@@ -7,48 +13,70 @@ import dataclasses
 
 import torch
 
-_IDENTITY = ("handle", "query")  # the old object's registration stays valid
+_IDENTITY = ("handle",)  # the old object's registration stays valid
 
 
 def keep_addresses(old, new):
     """`new` when there is nothing to keep or the layout changed; otherwise `old`, with every tensor of `new`
-    copied into it in place and every other field taken from `new`."""
-    if old is None or not dataclasses.is_dataclass(new) or not _same_layout(old, new):
+    copied into it in place and every other value taken from `new`."""
+    if old is None or type(old) is not type(new) or _layout(old) != _layout(new):
         return new
-    _copy_into(old, new)
+    _copy_into(old, new, set())
     return old
 
 
-def _same_layout(a, b) -> bool:
-    if type(a) is not type(b):
+def _children(obj) -> list[tuple[str, object]] | None:
+    """(name, value) of a container's parts, or None for a leaf (tensors, host values, classes)."""
+    if isinstance(obj, (list, tuple)):
+        return list(enumerate(obj))
+    if isinstance(obj, dict):
+        return list(obj.items())
+    if isinstance(obj, (type, torch.device, torch.Tensor)) or not hasattr(obj, "__dict__"):
+        return None
+    if dataclasses.is_dataclass(obj):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return list(vars(obj).items())
+
+
+def _holds_tensors(obj, seen: set) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    parts = _children(obj)
+    if parts is None or id(obj) in seen:
         return False
-    if isinstance(a, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
-    if dataclasses.is_dataclass(a):
-        return all(_same_layout(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
-                   if f.name not in _IDENTITY and _holds_tensors(getattr(a, f.name)))  # fmt: skip
-    return True
+    seen.add(id(obj))
+    return any(_holds_tensors(value, seen) for _, value in parts)
 
 
-def _holds_tensors(value) -> bool:
-    return isinstance(value, (torch.Tensor, list, tuple)) or dataclasses.is_dataclass(value)
+def _layout(obj, seen=None, path="") -> list:
+    """Every tensor under obj as (path, shape, dtype, stride, device), in walk order."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        return [(path, tuple(obj.shape), obj.dtype, obj.stride(), obj.device)]
+    parts = _children(obj)
+    if parts is None or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    return [t for name, value in parts if name not in _IDENTITY for t in _layout(value, seen, f"{path}/{name}")]
 
 
 @torch.no_grad()
-def _copy_into(old, new) -> None:
+def _copy_into(old, new, seen: set) -> None:
     if isinstance(old, torch.Tensor):
         old.copy_(new)
-    elif isinstance(old, (list, tuple)):
-        for x, y in zip(old, new, strict=True):
-            _copy_into(x, y)
-    elif dataclasses.is_dataclass(old):
-        for f in dataclasses.fields(old):
-            value = getattr(new, f.name)
-            if f.name in _IDENTITY:
-                continue
-            if _holds_tensors(value):
-                _copy_into(getattr(old, f.name), value)
+        return
+    parts = _children(old)
+    if parts is None or id(old) in seen:
+        return
+    seen.add(id(old))
+    new_parts = dict(_children(new))
+    for name, value in parts:
+        if name in _IDENTITY:
+            continue
+        if _holds_tensors(value, set()):
+            _copy_into(value, new_parts[name], seen)
+        elif not isinstance(old, (list, tuple)):
+            if isinstance(old, dict):
+                old[name] = new_parts[name]
             else:
-                setattr(old, f.name, value)
+                object.__setattr__(old, name, new_parts[name])  # frozen dataclasses too: host values only

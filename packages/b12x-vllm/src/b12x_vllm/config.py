@@ -9,12 +9,13 @@ import torch
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from b12x_formats import modelopt
+from b12x_formats import FORMATS, modelopt, spec
 
 from .backends import b12x_requested
 
 logger = logging.getLogger("b12x_vllm")
-GGML_CODECS = ("IQ2_XS", "IQ2_XXS", "Q8_0")
+# raw GGML block formats (nothing else in vLLM runs them here), from the format specs
+GGML_CODECS = tuple(f for f in FORMATS if spec(f).packing == "ggml")
 
 
 @register_quantization_config("b12x")

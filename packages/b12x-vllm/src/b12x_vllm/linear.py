@@ -16,14 +16,10 @@ from vllm.model_executor.parameter import BlockQuantScaleParameter, ModelWeightP
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core.linear import input_scale_of
 
 from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
 from ._reload import keep_addresses
-
-# Activations per weight format for dense layers: the checkpoint's own recipe.
-DENSE_ACTIVATION = {"FP8": "fp8", "FP8_BLOCK": "fp8", "MXFP8": "mxfp8"}
 
 
 def register_tensors(layer, fmt: str, n: int, k: int, shards: int, weight_loader, prefix: str) -> None:
@@ -65,11 +61,8 @@ class B12xLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         params = {name: getattr(layer, name).data for name in bf.spec(self.format).tensor_names}
         shards = quantized_shards(self.format, params, layer.b12x_partitions)
-        activation = DENSE_ACTIVATION.get(self.format, "bf16")
-        if self.format == "NVFP4" and input_scale_of(shards) is not None:
-            activation = "nvfp4"
-        prepared = bc.prepare_linear(
-            shards, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation=activation
+        prepared = bc.prepare_linear(  # activations: the checkpoint's recipe, read by b12x_core's plan construction
+            shards, device=layer.weight.device, max_tokens=max_tokens_from_vllm(), activation="auto"
         )
         layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
         report.record(self.prefix, layer.b12x_linear)

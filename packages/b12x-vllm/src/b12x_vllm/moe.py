@@ -17,9 +17,6 @@ from vllm.model_executor.parameter import ModelWeightParameter
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core.linear import input_scale_of
-from b12x_core.moe import MOE_FORMATS
-from b12x_formats.quantized import codec_for
 
 from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
@@ -27,7 +24,8 @@ from ._reload import keep_addresses
 from .env import moe_fp4_force_a16
 
 logger = logging.getLogger("b12x_vllm")
-FP4 = ("MXFP4", "NVFP4", "W4A16_NVFP4")
+# 4-bit element formats (VLLM_B12X_MOE_FP4_FORCE_A16 applies to them), from the format specs
+FP4 = tuple(f for f in bf.FORMATS if bf.spec(f).packing is None and bf.spec(f).bits_per_weight < 5)
 
 
 class B12xMoEMethod(FusedMoEMethodBase):
@@ -39,7 +37,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
             raise ValueError("b12x MoE: expert parallelism / expert maps are not supported; use tensor parallelism")
         if moe_config.activation not in (MoEActivation.SILU, MoEActivation.RELU2_NO_MUL) or moe_config.has_bias:
             raise ValueError(f"b12x MoE {prefix}: needs bias-free SiLU or ReLU², got {moe_config.activation}")
-        if fmt not in MOE_FORMATS:
+        if fmt not in bc.MOE_FORMATS:
             raise ValueError(f"b12x MoE {prefix}: {fmt} experts are not supported")
         self.gated = moe_config.activation == MoEActivation.SILU
 
@@ -68,7 +66,7 @@ class B12xMoEMethod(FusedMoEMethodBase):
             raise ValueError(f"b12x MoE {self.prefix}: expert {expert_id} out of range for {weight_name}")
         tp_rank, tp_size = self.moe.tp_rank, self.moe.tp_size
         slot = param.data[expert_id]
-        if param.b12x_tensor in codec_for(self.format).per_tensor_names():
+        if param.b12x_tensor in bf.per_tensor_names(self.format):
             index = {"w1": 0, "w3": 1, "w2": 0}[shard_id]
             slot[index] = loaded_weight.reshape(-1)[0]
         elif shard_id == "w2":  # down: this rank's columns (dim 1, in the tensor's own units)
@@ -97,23 +95,12 @@ class B12xMoEMethod(FusedMoEMethodBase):
             activation="silu" if self.gated else "relu2", w13_order="gate_up", max_tokens=max_tokens_from_vllm(),
             top_k=self.moe.experts_per_token, device=device,
         )  # fmt: skip
-        for act in self._act_formats(w13):
-            try:
-                prepared = bc.prepare_moe(w13, w2, act_format=act, **common)
-                break
-            except bc.UnsupportedError as err:
-                logger.info("b12x MoE %s: %s activations unavailable (%s); trying the next", self.prefix, act, err)
-        else:
-            raise bc.UnsupportedError(f"b12x MoE {self.prefix}: no activation format runs {self.format} here")
+        # the checkpoint's recipe (b12x_core's plan construction reads it); VLLM_B12X_MOE_FP4_FORCE_A16=1 keeps
+        # FP4 experts on bf16 activations
+        act_format = "bf16" if self.format in FP4 and moe_fp4_force_a16() else "auto"
+        prepared = bc.prepare_moe(w13, w2, act_format=act_format, **common)
         layer.b12x_moe = keep_addresses(getattr(layer, "b12x_moe", None), prepared)
         report.record(self.prefix, layer.b12x_moe)
-
-    def _act_formats(self, w13) -> list[str]:
-        if self.format not in FP4 or moe_fp4_force_a16():
-            return ["bf16"]
-        if self.format == "MXFP4":
-            return ["mxfp8", "bf16"]  # MXFP8 by default, bf16 where the MXFP8 path cannot run
-        return ["nvfp4"] if self.format == "NVFP4" and input_scale_of(w13) is not None else ["bf16"]
 
     def get_fused_moe_quant_config(self, layer):
         return None

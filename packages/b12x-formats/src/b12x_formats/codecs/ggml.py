@@ -67,6 +67,7 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 
 class Q8_0(_GGMLBlocks):
+    QS_OFFSET = 2  # after d: 32 int8
     spec = _ggml_spec("Q8_0", 32, 34, "fp16 d, 32 int8 q; y = d * q")
 
     def quantize(self, w, importance):
@@ -80,7 +81,7 @@ class Q8_0(_GGMLBlocks):
 
     def decode_blocks(self, blocks):
         d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-        return d * blocks[:, 2:].view(np.int8).astype(np.float32)
+        return d * blocks[:, self.QS_OFFSET :].view(np.int8).astype(np.float32)
 
 
 class _IQ2(_GGMLBlocks):
@@ -112,6 +113,7 @@ class _IQ2(_GGMLBlocks):
 
 
 class IQ2_XXS(_IQ2):
+    QS_OFFSET = 2  # after d: 8 sub-blocks of (u32 grid bytes, u32 sign indices + 4-bit scale)
     spec = _ggml_spec(
         "IQ2_XXS",
         256,
@@ -122,7 +124,7 @@ class IQ2_XXS(_IQ2):
     groups_per_scale = 4  # one 4-bit scale per 32 weights
 
     def fields(self, blocks):
-        qs = blocks[:, 2:].copy().view("<u4").reshape(-1, 8, 2)
+        qs = blocks[:, self.QS_OFFSET :].copy().view("<u4").reshape(-1, 8, 2)
         grid_idx = qs[..., 0:1].view(np.uint8).reshape(-1, 8, 4)
         aux1 = qs[..., 1:2]
         sign_idx = ((aux1 >> (7 * np.arange(4, dtype=np.uint32))) & 127).astype(np.uint8)
@@ -141,6 +143,8 @@ class IQ2_XXS(_IQ2):
 
 
 class IQ2_XS(_IQ2):
+    QS_OFFSET = 2  # after d: 32 u16 (9-bit grid index, 7-bit sign index)
+    SCALES_OFFSET = 66  # then 8 bytes of two 4-bit scales
     spec = _ggml_spec(
         "IQ2_XS",
         256,
@@ -151,8 +155,8 @@ class IQ2_XS(_IQ2):
     groups_per_scale = 2  # one 4-bit scale per 16 weights
 
     def fields(self, blocks):
-        qs = blocks[:, 2:66].copy().view("<u2")
-        scales = blocks[:, 66:74]
+        qs = blocks[:, self.QS_OFFSET : self.SCALES_OFFSET].copy().view("<u2")
+        scales = blocks[:, self.SCALES_OFFSET : self.spec.block_bytes]
         nibbles = np.stack([scales & 0x0F, scales >> 4], axis=-1).reshape(-1, 16)
         return (qs & 511), (qs >> 9).astype(np.uint8), np.repeat(nibbles, 2, axis=1)
 

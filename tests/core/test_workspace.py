@@ -1,17 +1,17 @@
-"""The per-device scratch: disjoint aligned views, sized at prepare time, a clear error beyond it."""
+"""The per-device pools: disjoint aligned scratch views, sized at prepare time, a clear error beyond them."""
 
 import pytest
 import torch
 
 import b12x_core as bc
-from b12x_core import scratch
+from b12x_core import workspace
 
 
 def test_carve_gives_disjoint_aligned_views():
     device = torch.device("cpu")
     specs = [((3, 5), torch.bfloat16), ((7,), torch.float32), ((2, 2), torch.uint8)]
-    scratch.reserve(device, scratch.nbytes(specs))
-    views = scratch.carve(device, specs)
+    workspace.reserve_scratch(device, workspace.nbytes(specs))
+    views = workspace.carve(device, specs)
     assert [tuple(v.shape) for v in views] == [(3, 5), (7,), (2, 2)]
     assert [v.dtype for v in views] == [torch.bfloat16, torch.float32, torch.uint8]
     starts = [v.data_ptr() for v in views]
@@ -27,4 +27,13 @@ def test_a_call_beyond_the_reserved_size_says_so():
     device = torch.device("cpu")
     huge = [((1 << 40,), torch.uint8)]
     with pytest.raises(bc.UnsupportedError, match="exceeds the max_tokens its op was prepared for"):
-        scratch.carve(device, huge)
+        workspace.carve(device, huge)
+
+
+def test_weight_workspace_views_and_limit():
+    device = torch.device("cpu")
+    workspace.reserve_weights(device, 6 * 7)
+    w = workspace.weights(device, 6, 7)
+    assert w.shape == (6, 7) and w.dtype == torch.bfloat16
+    with pytest.raises(bc.UnsupportedError, match="smaller than"):
+        workspace.weights(device, 1 << 20, 1 << 20)

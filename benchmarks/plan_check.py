@@ -1,0 +1,224 @@
+"""Does the plan pick the fastest b12x path? Every candidate backend alone and the dispatched bc.linear, on
+Llama-3.1-70B's four linear shapes, every format × activation mode, over M; the measured table the plan picks
+from comes out of the same run.
+
+    python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table crossover.json]
+    python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes o,down --ms 1,16,256 --replays 20
+    python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
+
+For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
+that backend alone), the dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run. Timing as
+benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
+check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` writes the
+per-backend times as b12x_core's crossover table (shapes of one size class averaged): commit it as
+packages/b12x-core/src/b12x_core/crossover.json, then run again to check the plan it gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import decode_linear
+import numpy as np
+import torch
+import torch.nn.functional as F
+from decode_linear import time_graph
+
+import b12x_core as bc
+import b12x_formats as bf
+from b12x_core import backends, crossover, plan
+from b12x_core.weights import DeviceWeights, as_shards
+
+SHAPES = {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+# (format, activation, with input_scale): every format with bf16, every quantized activation mode
+PAIRS = [(f, "bf16", False) for f in bf.FORMATS if f != "W4A16_NVFP4"] + [
+    ("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
+    ("MXFP4", "mxfp8", False), ("NVFP4", "mxfp8", False), ("NVFP4", "nvfp4", True),
+]  # fmt: skip
+TOLERANCE = 1.15
+L2_BYTES = 60 * 1024**2
+
+
+def label(fmt: str, activation: str, scale: bool) -> str:
+    return f"{fmt} × {activation}" + (" static" if scale and activation == "fp8" else "")
+
+
+class Timer:
+    """µs per call of fn(i) over weight copies i: CUDA graph replays on a GPU (decode_linear.time_graph), wall
+    clock on the CPU smoke run."""
+
+    def __init__(self, device: torch.device, replays: int):
+        self.device, self.replays = device, replays
+
+    def __call__(self, fn, copies: int) -> float:
+        if self.device.type != "cuda":
+            times = []
+            for _ in range(self.replays):
+                start = time.perf_counter()
+                for i in range(copies):
+                    fn(i)
+                times.append((time.perf_counter() - start) * 1e6 / copies)
+            return statistics.median(times)
+        return time_graph(fn, copies, replays=self.replays)
+
+
+def random_weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
+    """Valid random checkpoint tensors (decode_linear.random_weight), with a static activation scale if asked."""
+    qw = decode_linear.random_weight(fmt, n, k)
+    if input_scale:
+        qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.float32(0.02)})
+    return qw
+
+
+def copies_for(nbytes: int, device: torch.device) -> int:
+    return max(2, -(-4 * L2_BYTES // nbytes)) if device.type == "cuda" else 1
+
+
+def measure_pair(timer, device, name, n, k, pair, ms, rows) -> None:
+    fmt, activation, scale = pair
+    qw = random_weight(fmt, n, k, scale)
+    copies = copies_for(qw.nbytes, device)
+    top = max(ms)
+    dispatched = [bc.prepare_linear(qw, device=device, max_tokens=top, activation=activation) for _ in range(copies)]
+    query = dispatched[0].plan.query
+    able = [cls for cls in backends.for_op("linear") if cls.can_implement(query)[0]]
+    single = {}
+    for cls in able:  # each backend alone, in its own weight copies
+        scale = dispatched[0].input_scale
+        weights = [DeviceWeights(as_shards(qw), query.act_mode, scale, device) for _ in range(copies)]
+        single[cls.name] = [plan.build(query, w, only=cls) for w in weights]
+    for m in ms:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        row = dict(shape=name, n=n, k=k, format=fmt, activation=activation, static=scale, mode=query.act_mode, m=m)
+        row["backends"] = {b: timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
+                           for b, plans in single.items()}  # fmt: skip
+        row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
+        row["dispatched_backend"] = dispatched[0].plan.for_tokens(m).backend.name
+        rows.append(row)
+        alone = " ".join(f"{b}={t:.1f}" for b, t in row["backends"].items())
+        print(f"  {label(*pair):<22} M={m:<5} dispatched {row['dispatched']:>9.1f} µs ({row['dispatched_backend']}) "
+              f"fastest {min(row['backends'].values()):>9.1f} {alone}", flush=True)  # fmt: skip
+
+
+def measure(args, device: torch.device) -> list[dict]:
+    timer = Timer(device, args.replays)
+    rows: list[dict] = []
+    shapes = {"tiny": (256, 512)} if args.cpu_smoke else {s: SHAPES[s] for s in args.shapes.split(",")}
+    formats = set(args.formats.split(",")) if args.formats else None
+    pairs = [p for p in PAIRS if formats is None or p[0] in formats]
+    ms = [int(m) for m in args.ms.split(",")]
+    for name, (n, k) in shapes.items():
+        print(f"\n## {name} {n}×{k} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+        bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device=device) for _ in range(copies_for(2 * n * k, device))]
+        for m in ms:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+            t = timer(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
+            rows.append(dict(shape=name, n=n, k=k, format="bf16 F.linear", m=m, dispatched=t))
+            print(f"  bf16 F.linear          M={m:<5} {t:>9.1f} µs", flush=True)
+        bf16_w.clear()
+        for pair in pairs:
+            measure_pair(timer, device, name, n, k, pair, ms, rows)  # its weight copies are freed on return
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def check(rows: list[dict]) -> bool:
+    points = [r for r in rows if "backends" in r and r["backends"]]
+    bad = [r for r in points if r["dispatched"] > TOLERANCE * min(r["backends"].values())]
+    print(f"\n## check: dispatched ≤ {TOLERANCE}× the fastest b12x backend at {len(points) - len(bad)}/{len(points)} "
+          "points")  # fmt: skip
+    for r in bad:
+        best = min(r["backends"], key=r["backends"].get)
+        print(f"  MISS {r['shape']} {r['format']} × {r['mode']} M={r['m']}: dispatched {r['dispatched']:.1f} µs "
+              f"({r['dispatched_backend']}), {best} {r['backends'][best]:.1f} µs")  # fmt: skip
+    return not bad
+
+
+def table(rows: list[dict], capability, device_name: str) -> list[crossover.Entry]:
+    """Per (format, mode, shape class): each backend's µs at each M (the mean over shapes of the class)."""
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        if "backends" not in r:
+            continue
+        key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
+        for b, t in r["backends"].items():
+            groups[key][b][r["m"]].append(t)
+    entries = []
+    day = time.strftime("%Y-%m-%d")
+    for (fmt, mode, shape), per_backend in sorted(groups.items()):
+        ms = sorted({m for times in per_backend.values() for m in times})
+        us = {b: [round(statistics.mean(times[m]), 2) if m in times else None for m in ms]
+              for b, times in per_backend.items()}  # fmt: skip
+        shapes = sorted({f"{r['n']}×{r['k']}" for r in rows if "backends" in r and r["format"] == fmt
+                         and crossover.shape_class(r["n"], r["k"]) == shape})  # fmt: skip
+        source = f"{device_name} {day}, {', '.join(shapes)}, benchmarks/plan_check.py"
+        entries.append(crossover.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source))
+    return entries
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        base = {r["m"]: r["dispatched"] for r in rows if r["shape"] == shape and r["format"] == "bf16 F.linear"}
+        pairs = dict.fromkeys((r["format"], r["activation"], r["static"]) for r in rows if r["shape"] == shape
+                              and "backends" in r)  # fmt: skip
+        for pair in pairs:
+            pts = [(r["m"], base[r["m"]] / r["dispatched"]) for r in rows if r["shape"] == shape and "backends" in r
+                   and (r["format"], r["activation"], r["static"]) == pair]  # fmt: skip
+            ax.plot(*zip(*pts, strict=True), marker=".", label=label(*pair))
+        ax.axhline(1.0, color="k", lw=1, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{shape}: dispatched speed-up over bf16 F.linear")
+        ax.set_xlabel("M (tokens)")
+    axes[0][0].legend(ncol=2, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="plan_check.json")
+    parser.add_argument("--png", default="plan_check.png")
+    parser.add_argument("--emit-table", default="", help="write the measured crossover table here")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
+    parser.add_argument("--formats", default="", help="subset of the formats (default: all)")
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--cpu-smoke", action="store_true", help="the logic on CPU: a tiny shape, the reference")
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        args.ms, args.replays = "1,2,4", 2
+    device = torch.device("cpu") if args.cpu_smoke else torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    rows = measure(args, device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    capability = torch.cuda.get_device_capability() if device.type == "cuda" else (0, 0)
+    with open(args.out, "w") as f:
+        json.dump({"device": name, "capability": list(capability), "rows": rows}, f, indent=1)
+    if args.png:
+        plot(rows, args.png)
+    ok = check(rows)
+    if args.emit_table:
+        with open(args.emit_table, "w") as f:
+            f.write(crossover.dumps(table(rows, capability, name)))
+        print(f"measured table -> {args.emit_table}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""Every backend b12x_core can run, in order of preference where no measurement decides (the conservative default
+plan). A new backend is one module with a `Backend` subclass and one line here; see docs/architecture.md."""
+
+from __future__ import annotations
+
+from .base import Backend, Config, DeviceInfo, MoEShape, Query
+from .cublas import BlockScaledMM, DecodeGemm, ScaledMM
+from .cuda_gemv import CudaGemv
+from .embedding import CudaEmbeddingQ8_0
+from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
+from .triton_moe import TritonMoE
+from .triton_tiles import TritonTiles
+
+REGISTRY: tuple[type[Backend], ...] = (
+    CudaGemv,
+    ScaledMM,
+    BlockScaledMM,
+    DecodeGemm,
+    TritonTiles,
+    TritonMoE,
+    CudaEmbeddingQ8_0,
+    ReferenceLinear,
+    ReferenceMoE,
+    ReferenceEmbedding,
+)
+
+
+def for_op(op: str) -> tuple[type[Backend], ...]:
+    return tuple(cls for cls in REGISTRY if cls.op == op)
+
+
+__all__ = ["REGISTRY", "Backend", "Config", "DeviceInfo", "MoEShape", "Query", "for_op"]

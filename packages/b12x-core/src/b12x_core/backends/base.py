@@ -1,0 +1,158 @@
+"""What every backend is: a class that says whether it can run a query (`can_implement`, with the reason), and
+once prepared, which configurations it runs over a token range and how it runs one call.
+
+In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan.py) walks the registry, asks each class
+`can_implement(query)`, picks per token range from measured tables, then `prepare`s only the classes it picked.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+Config = dict  # a backend's configuration of one plan row: plain values, printed by explain
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The facts of a device that backends and the plan read (looked up once, so a plan can also be worked out
+    for a device that is not here: tests build one for an H200 on a CPU machine)."""
+
+    device: torch.device
+    capability: tuple[int, int] | None = None  # CUDA compute capability; None off CUDA
+    sms: int = 4  # streaming multiprocessors (off CUDA: 4, so the interpreter's MoE tests split K too)
+    smem_kb: int = 99  # shared memory per block (off CUDA: SM12x's budget)
+    kernels: str = ""  # why b12x_kernels' CUDA extension cannot run here ('' when it can)
+    triton: str = ""  # why the Triton kernels cannot run here ('' when they can)
+    block_scaled_mm: str = ""  # why torch's block-scaled FP8 GEMM cannot run here ('' when it can)
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}" if self.capability else self.device.type
+
+    @staticmethod
+    def of(device: torch.device) -> DeviceInfo:
+        return _device_info(device)
+
+
+def _kernels_reason() -> str:
+    try:
+        import b12x_kernels
+    except ImportError as err:
+        return f"b12x_kernels is not installed ({err})"
+    return b12x_kernels.unavailable_reason()
+
+
+def _triton_reason() -> str:
+    try:
+        import triton  # noqa: F401
+
+        from b12x_kernels import tiles  # noqa: F401
+    except ImportError as err:
+        return f"Triton is not importable ({err})"
+    return ""
+
+
+def _block_scaled_reason(capability: tuple[int, int]) -> str:
+    functional = torch.nn.functional
+    if not hasattr(functional, "scaled_mm") or not hasattr(getattr(functional, "ScalingType", None), "BlockWise1x128"):
+        return f"torch {torch.__version__} has no block-wise scaled_mm (torch.nn.functional.ScalingType.BlockWise1x128)"
+    if capability[0] != 9:
+        return f"cuBLASLt's block-scaled FP8 GEMM is verified on sm_90 only, this is sm_{capability[0]}{capability[1]}"
+    return ""
+
+
+@functools.cache
+def _device_info(device: torch.device) -> DeviceInfo:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        reason = f"needs a CUDA device, the op is on {device}" if device.type != "cuda" else "no CUDA device"
+        return DeviceInfo(device, kernels=reason, triton=reason, block_scaled_mm=reason)
+    props = torch.cuda.get_device_properties(device)
+    capability = (props.major, props.minor)
+    return DeviceInfo(device, capability, props.multi_processor_count, props.shared_memory_per_block_optin // 1024,
+                      _kernels_reason(), _triton_reason(), _block_scaled_reason(capability))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    activation: str  # silu | relu2
+    w13_order: str  # gate_up | up_gate
+    act_mode_2: str  # the down GEMM's activation quantization (act_mode is the gate/up GEMM's)
+    w2_format: str  # the down projection's format (format is w13's)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a prepared op asks of the backends: the op, its weight and activation, shape and device."""
+
+    op: str  # linear | moe | embedding
+    format: str  # the weight format (MoE: w13's; w2 shares it)
+    activation: str  # as requested: bf16 | fp8 | mxfp8 | nvfp4
+    act_mode: str  # the exact activation quantization (activations.MODES)
+    device: DeviceInfo
+    path: str = "auto"  # auto | reference
+    n: int = 0  # output features (0: any, as capabilities() asks)
+    k: int = 0  # input features (0: any)
+    max_tokens: int = 1
+    shard_rows: tuple[int, ...] = ()  # rows of each fused shard
+    moe: MoEShape | None = field(default=None)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.device.type == "cuda"
+
+
+class Backend:
+    """Base class of every backend. A subclass sets `name` and `op`, implements `can_implement` and `run`, and
+    overrides `prepare`, `configs`, `scratch_bytes` where it needs them. Instances are prepared backends: they
+    hold what the calls read (device layouts from b12x_core.weights)."""
+
+    name: ClassVar[str]
+    op: ClassVar[str]  # linear | moe | embedding
+    # The token range where the conservative default plan (a GPU without measurements) prefers this backend;
+    # registry order breaks ties. None: open-ended.
+    default_tokens: ClassVar[tuple[int, int | None]] = (1, None)
+    warm: ClassVar[bool] = True  # run every plan row once at prepare (compiles kernels, initialises libraries)
+
+    def __init__(self, query: Query, weights):
+        self.query, self.weights = query, weights
+
+    @classmethod
+    def can_implement(cls, query: Query) -> tuple[bool, str]:
+        """(True, what it does) or (False, why not), from the query alone (no device work)."""
+        raise NotImplementedError
+
+    @classmethod
+    def prepare(cls, query: Query, weights) -> Backend:
+        """Upload what the calls need (once per prepared op)."""
+        return cls(query, weights)
+
+    def configs(self, lo: int, hi: int) -> list[tuple[int, int, Config]]:
+        """The configurations calls of lo..hi tokens run with: consecutive (first, last, config) covering lo..hi."""
+        return [(lo, hi, {})]
+
+    def scratch_bytes(self, tokens: int, config: Config) -> int:
+        """Scratch bytes a call of `tokens` tokens with `config` carves (workspace.carve)."""
+        return 0
+
+    def reserve(self) -> None:
+        """Grow shared workspaces this backend needs beyond the scratch (prepare time)."""
+
+    def run(self, *args, config: Config):
+        raise NotImplementedError
+
+
+def cuda_reason(query: Query, *, triton: bool = False, kernels: bool = True) -> str:
+    """Why a CUDA backend cannot take the query whatever its shape ('' when it can)."""
+    if not query.on_cuda:
+        return f"needs a CUDA device, the op is on {query.device.device}"
+    if query.path == "reference":
+        return "path='reference' was asked for"
+    return (kernels and query.device.kernels) or (triton and query.device.triton) or ""

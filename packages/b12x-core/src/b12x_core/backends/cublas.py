@@ -1,0 +1,151 @@
+"""Backends whose GEMM is cuBLAS / cuBLASLt through torch:
+
+- `DecodeGemm`: decode the weight to bf16 in the device's shared workspace (one memory-bound Triton pass), then
+  the dense bf16 GEMM. For operands bf16 holds exactly: bf16, mxfp8, nvfp4 (input_scale in the row factors) and
+  static fp8 (e4m3 values; the static scale in the row factors).
+- `ScaledMM`: FP8 weights with static per-tensor or dynamic per-token fp8 activations: `torch._scaled_mm` with
+  row-wise scales.
+- `BlockScaledMM`: FP8_BLOCK weights with 1×128 fp8 activation groups: torch's block-wise scaled FP8 GEMM
+  (`torch.nn.functional.scaled_mm`, ScalingType.BlockWise1x128 × BlockWise128x128, both scales column-major).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
+
+from .. import workspace
+from . import operands
+from .base import Backend, cuda_reason
+
+FP8_ROWS = 16  # cuBLASLt's fp8 layouts want the row count of A padded to a multiple of 16
+DECODE_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
+# Conservative defaults (a GPU without measurements): cuBLASLt's fp8 GEMMs past the GEMV's 16 tokens (the H200's
+# fp8 _scaled_mm took over from 12 tokens when measured); decode + GEMM only where its extra pass over the weight
+# is small next to the GEMM.
+LIBRARY_FROM = 17
+DECODE_GEMM_FROM = 256
+
+
+def _pad(m: int) -> int:
+    return -(-m // FP8_ROWS) * FP8_ROWS
+
+
+class DecodeGemm(Backend):
+    name, op = "decode_gemm", "linear"
+    default_tokens = (DECODE_GEMM_FROM, None)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.act_mode not in DECODE_MODES:
+            return False, f"needs bf16-exact activations ({', '.join(DECODE_MODES)}), not {q.act_mode}"
+        why = cuda_reason(q, triton=True, kernels=False)
+        if why:
+            return False, why
+        return True, "decode to a bf16 workspace (Triton), then cuBLAS bf16 GEMM"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.stacked = weights.stacked
+
+    def reserve(self):
+        workspace.reserve_weights(self.query.device.device, self.query.n * self.query.k)
+
+    def scratch_bytes(self, tokens, config):
+        return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
+
+    def run(self, x2, bias, *, config):
+        from b12x_kernels import tiles
+
+        q, tw = self.query, self.stacked
+        xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
+        w = workspace.weights(x2.device, q.n, q.k)
+        tiles.dequantize_tiles(q.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
+                               sign_table=tw.signs)  # fmt: skip
+        return torch.nn.functional.linear(xv, w, None if bias is None else bias.to(torch.bfloat16))
+
+
+class ScaledMM(Backend):
+    name, op = "scaled_mm", "linear"
+    default_tokens = (LIBRARY_FROM, None)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.format != "FP8" or q.act_mode not in ("fp8_static", "fp8_token"):
+            return False, f"runs FP8 × fp8_static / fp8_token, not {q.format} × {q.act_mode}"
+        if q.n % 16 or q.k % 16:
+            return False, f"needs N and K multiples of 16 (fp8 layouts), got N={q.n}, K={q.k}"
+        why = cuda_reason(q, triton=True, kernels=False)
+        if why:
+            return False, why
+        return True, "cuBLASLt fp8 GEMM (torch._scaled_mm, row-wise scales)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.stacked = weights.stacked
+
+    def scratch_bytes(self, tokens, config):
+        return workspace.nbytes(operands.fp8_specs(self.query.act_mode, tokens, self.query.k))
+
+    def run(self, x2, bias, *, config):
+        q = self.query
+        xq, row_scale, _ = operands.fp8_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
+        m = xq.shape[0]
+        pad = _pad(m) - m
+        ones = torch.ones(m + pad, 1, dtype=torch.float32, device=xq.device)
+        scale_a = ones if row_scale is None else torch.cat([row_scale, ones[m:, 0]]).reshape(-1, 1)
+        if pad:
+            xq = torch.cat([xq, torch.zeros(pad, q.k, dtype=xq.dtype, device=xq.device)])
+        bias = None if bias is None else bias.to(torch.bfloat16)
+        scale_b = self.stacked.col_scale.reshape(1, -1)
+        y = torch._scaled_mm(xq, self.stacked.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=bias,
+                             out_dtype=torch.bfloat16)  # fmt: skip
+        return y[:m]
+
+
+class BlockScaledMM(Backend):
+    name, op = "block_scaled_mm", "linear"
+    default_tokens = (LIBRARY_FROM, None)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.format != "FP8_BLOCK" or q.act_mode != "fp8_group128":
+            return False, f"runs FP8_BLOCK × fp8_group128, not {q.format} × {q.act_mode}"
+        if q.k % FP8_BLOCK_SIZE or any(rows % FP8_BLOCK_SIZE for rows in q.shard_rows):
+            return False, f"needs K and every fused shard's rows in whole 128-blocks, got K={q.k}, rows {q.shard_rows}"
+        why = cuda_reason(q, triton=True, kernels=False) or q.device.block_scaled_mm
+        if why:
+            return False, why
+        return True, "cuBLASLt block-scaled fp8 GEMM (torch scaled_mm, 1×128 × 128×128 scales)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.weight = weights.stacked.weight  # e4m3 [N, K]
+        # [⌈N/128⌉, ⌈K/128⌉] row-major: its transpose is the column-major [K/128, N/128] scale of B = weightᵀ
+        self.scale_b = weights.block_scale_grid.t()
+
+    def scratch_bytes(self, tokens, config):
+        return workspace.nbytes(self._specs(tokens))
+
+    def _specs(self, tokens):
+        """e4m3 codes [rows, K] and the 1×128 scales stored transposed ([K/128, rows]: column-major once viewed back)"""
+        rows = _pad(tokens)
+        return [((rows, self.query.k), torch.uint8), ((self.query.k // FP8_BLOCK_SIZE, rows), torch.float32)]
+
+    def run(self, x2, bias, *, config):
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        from b12x_kernels import act_quant
+
+        m, rows = x2.shape[0], _pad(x2.shape[0])
+        codes, scales = workspace.carve(x2.device, self._specs(m))
+        scale_a = scales.t()  # [rows, K/128], column-major: what BlockWise1x128 reads
+        act_quant.quantize_fp8(x2.contiguous(), "fp8_group128", codes[:m], scale_a[:m])
+        if rows > m:  # padding rows: zero codes, unit scales (their outputs are dropped)
+            codes[m:].zero_()
+            scales[:, m:].fill_(1.0)
+        y = scaled_mm(codes.view(torch.float8_e4m3fn), self.weight.t(), scale_a, ScalingType.BlockWise1x128,
+                      self.scale_b, ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)  # fmt: skip
+        y = y[:m]
+        return y if bias is None else y + bias.to(torch.bfloat16)

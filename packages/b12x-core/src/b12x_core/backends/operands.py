@@ -1,0 +1,79 @@
+"""Activation operands as the backends multiply them, made by one fused Triton pass into scratch, following the
+rules of b12x_core.activations (the contract):
+
+- `fp8_operands`: e4m3 codes plus their scales (per token or per token × 128), for fp8 tensor-core GEMMs;
+- `bf16_operands`: values bf16 holds exactly, plus the scale still to apply: mxfp8 x̂ (e4m3·2^e), nvfp4 x̂
+  without its per-tensor input_scale (e2m1·sf), fp8 codes as their values. Per-tensor factors (a static fp8
+  scale, nvfp4's input_scale) are the caller's, folded into its weight factors (weights.TENSOR_ACTIVATION_SCALE).
+
+Each returns operands carved from the device's scratch; the `*_specs` functions size that scratch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import workspace
+from ..weights import TENSOR_ACTIVATION_SCALE
+
+FP8_MODES = ("fp8_static", "fp8_token", "fp8_group128")
+
+
+def _groups(k: int) -> int:
+    from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
+
+    return -(-k // FP8_BLOCK_SIZE)
+
+
+def fp8_specs(act_mode: str, m: int, k: int) -> list:
+    return [((m, k), torch.uint8), ((m,), torch.float32), ((m, _groups(k)), torch.float32)]
+
+
+def _static_scale(act_mode: str, input_scale: float | None) -> float:
+    return float(np.float32(input_scale)) if act_mode == "fp8_static" else 1.0
+
+
+def fp8_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
+    """-> (e4m3 codes [m, k] as float8_e4m3fn, per-token scale [m] or None, per-token×128 scale [m, ⌈k/128⌉] or
+    None). fp8_static's scale is the caller's (per-tensor)."""
+    from b12x_kernels import act_quant
+
+    m, k = x2.shape
+    codes, row, groups = workspace.carve(x2.device, fp8_specs(act_mode, m, k))
+    row = row if act_mode == "fp8_token" else None
+    groups = groups if act_mode == "fp8_group128" else None
+    scales = row if row is not None else groups
+    act_quant.quantize_fp8(x2, act_mode, codes, scales, _static_scale(act_mode, input_scale))
+    return codes.view(torch.float8_e4m3fn), row, groups
+
+
+def bf16_specs(act_mode: str, m: int, k: int) -> list:
+    if act_mode == "bf16":
+        return []
+    if act_mode in FP8_MODES:
+        return [((m, k), torch.bfloat16), ((m, _groups(k) if act_mode == "fp8_group128" else 1), torch.float32)]
+    return [((m, k), torch.bfloat16)]
+
+
+def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, buffers=None):
+    """-> (bf16 values [m, k], float32 activation scales [m, 1] / [m, ⌈k/128⌉] or None). `buffers`: carved
+    bf16_specs (carved here when None)."""
+    if act_mode == "bf16":
+        return x2, None
+    from b12x_kernels import act_quant
+
+    m, k = x2.shape
+    buffers = buffers or workspace.carve(x2.device, bf16_specs(act_mode, m, k))
+    values = buffers[0]
+    if act_mode in FP8_MODES:
+        scale = None if act_mode == "fp8_static" else buffers[1]
+        act_quant.quantize_fp8(x2, act_mode, values, scale, _static_scale(act_mode, input_scale))
+        return values, scale
+    global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+    return act_quant.quantize_activation(x2, act_mode, values, global_scale), None
+
+
+def folds_tensor_scale(act_mode: str) -> bool:
+    """Whether the mode's per-tensor activation scale is folded into the weight's factors."""
+    return act_mode in TENSOR_ACTIVATION_SCALE

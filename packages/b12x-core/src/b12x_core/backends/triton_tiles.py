@@ -1,0 +1,82 @@
+"""The Triton tensor-core tiles (b12x_kernels.tiles.linear_tiles) for every format × activation mode: weights
+decoded to bf16 (or kept fp8 for W8A8) in registers, fp32 accumulation, per-row and per-token scales in the
+epilogue.
+
+Configuration, per token count: 128-row tiles above 64 tokens, smaller below; column tiles narrowed until about
+two waves of programs fill the GPU (a 132-SM H200 at M ≤ 64 has only N/128 programs otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import workspace
+from . import operands
+from .base import Backend, cuda_reason
+
+WAVES_PROGRAMS = 264  # about two waves on a 132-SM part: narrower column tiles below this many programs
+
+
+def tile_config(m: int, n: int) -> dict:
+    """Tile sizes for m tokens × n output columns (one table for every format so far)."""
+    block_m = 128 if m > 64 else 64 if m > 32 else 32 if m > 16 else 16
+    block_n = 128
+    while block_n > 32 and -(-m // block_m) * -(-n // block_n) < WAVES_PROGRAMS:
+        block_n //= 2
+    warps = 8 if block_m == 128 and block_n == 128 else 4
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": 3 if block_m * block_n >= 128 * 128 else 4}  # fmt: skip
+
+
+def config_ranges(lo: int, hi: int, config_of) -> list[tuple[int, int, dict]]:
+    """Maximal runs of equal config_of(m) over m in lo..hi."""
+    out: list[tuple[int, int, dict]] = []
+    for m in range(lo, hi + 1):
+        config = config_of(m)
+        if out and out[-1][2] == config:
+            out[-1] = (out[-1][0], m, config)
+        else:
+            out.append((m, m, config))
+    return out
+
+
+class TritonTiles(Backend):
+    name, op = "triton_tiles", "linear"
+
+    @classmethod
+    def can_implement(cls, q):
+        why = cuda_reason(q, triton=True, kernels=False)
+        if why:
+            return False, why
+        return True, "Triton tensor-core tiles (every format × activation mode)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.stacked = weights.stacked
+
+    def configs(self, lo, hi):
+        return config_ranges(lo, hi, lambda m: tile_config(m, self.query.n))
+
+    def scratch_bytes(self, tokens, config):
+        if self.query.act_mode == "bf16":
+            return 0
+        if self.query.act_mode in operands.FP8_MODES:
+            return workspace.nbytes(operands.fp8_specs(self.query.act_mode, tokens, self.query.k))
+        return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
+
+    def run(self, x2, bias, *, config):
+        from b12x_kernels import tiles
+
+        q, tw = self.query, self.stacked
+        x2 = x2.contiguous()
+        row_scale = group_scale = None
+        if q.act_mode in operands.FP8_MODES:  # the dot runs in fp8 (FP8 / FP8_BLOCK weights)
+            xq, row_scale, group_scale = operands.fp8_operands(x2, q.act_mode, self.weights.input_scale)
+        else:
+            xq, _ = operands.bf16_operands(x2, q.act_mode, self.weights.input_scale)
+        y = torch.empty(x2.shape[0], q.n, dtype=torch.bfloat16, device=x2.device)
+        tiles.linear_tiles(
+            q.format, xq, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
+            row_scale=row_scale, x_group_scale=group_scale, bias=bias, config=config,
+        )  # fmt: skip
+        return y

@@ -1,0 +1,277 @@
+"""One plan per prepared op: the only place that chooses what runs.
+
+A `Plan` is an ordered table of token ranges, each with the backend that runs it, that backend's configuration
+(tile sizes, accumulator bucket, K splits, ...), why it won and why every other backend lost. `prepare_*` builds it
+once (`build`): every backend of the op answers `can_implement(query)`; among those that can, each token range
+goes to the fastest backend measured on this GPU for this format, activation mode and shape class
+(crossover.py), or, where nothing is measured, to the conservative default (each backend's `default_tokens`,
+registry order breaking ties); the chosen backends are prepared, split their ranges by configuration, size the
+shared workspaces, and every row is run once (warmed) so no call compiles or initialises anything.
+`linear` / `moe` / `embedding` then run `plan.for_tokens(m).run(...)`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from . import backends, crossover, workspace
+from .backends import Backend, Config, Query
+from .errors import UnsupportedError
+
+UNBOUNDED = sys.maxsize  # the last token of an op without max_tokens (embedding)
+logger = logging.getLogger("b12x_core")
+_logged: set = set()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A token range and the backend class that runs it, with the reasons."""
+
+    lo: int
+    hi: int
+    backend: type[Backend]
+    why: str
+    lost: tuple[tuple[str, str], ...] = ()  # (backend, why it lost on this range), for backends that could run
+
+
+@dataclass(frozen=True)
+class Row:
+    """A token range, its prepared backend and that backend's configuration."""
+
+    lo: int
+    hi: int
+    backend: Backend
+    config: Config
+    decision: Decision = field(repr=False)
+
+    def run(self, *args):
+        return self.backend.run(*args, config=self.config)
+
+
+def _tokens(lo: int, hi: int) -> str:
+    return f"{lo}+" if hi == UNBOUNDED else f"{lo}-{hi}"
+
+
+def format_config(config: Config) -> str:
+    def value(v) -> str:
+        if isinstance(v, dict):
+            return "(" + " ".join(f"{k}={x}" for k, x in v.items()) + ")"
+        return str(v)
+
+    return ", ".join(f"{k}={value(v)}" for k, v in config.items()) or "-"
+
+
+@dataclass
+class Plan:
+    query: Query
+    basis: str  # how the ranges were decided: measurements, defaults, or a single capable backend
+    never: tuple[tuple[str, str], ...]  # (backend of this op, why it cannot run this query here)
+    decisions: tuple[Decision, ...]
+    rows: tuple[Row, ...]
+
+    def __post_init__(self):
+        self._starts = [row.lo for row in self.rows]
+
+    def for_tokens(self, m: int) -> Row:
+        """The row of a call with m tokens (1 <= m <= the op's max_tokens)."""
+        i = bisect.bisect_right(self._starts, m) - 1
+        if i < 0 or m > self.rows[i].hi:
+            raise UnsupportedError(f"a call of {m} tokens is outside the plan (tokens 1-{self.rows[-1].hi})")
+        return self.rows[i]
+
+    @property
+    def backend_names(self) -> list[str]:
+        return list(dict.fromkeys(d.backend.name for d in self.decisions))
+
+    def summary(self) -> str:
+        """e.g. "cuda_gemv (1-4), triton_tiles (5-32), decode_gemm (33-8192)"; one name when one backend."""
+        if len(self.decisions) == 1:
+            return self.decisions[0].backend.name
+        return ", ".join(f"{d.backend.name} ({_tokens(d.lo, d.hi)})" for d in self.decisions)
+
+    def explain(self, header: str, m: int | None = None) -> str:
+        lines = [header + (f" at m={m}" if m is not None else ""), f"plan: {self.basis}"]
+        if self.never:
+            lines.append("  cannot run here:")
+            lines += [f"    {name}: {why}" for name, why in self.never]
+        last = self.rows[-1].hi
+        if m is not None and m > last:
+            lines.append(f"  m={m} exceeds max_tokens={last}: the call would raise UnsupportedError")
+            return "\n".join(lines)
+        for d in self.decisions:
+            if m is not None and not d.lo <= m <= d.hi:
+                continue
+            lines.append(f"  {_tokens(d.lo, d.hi)} tokens -> {d.backend.name}: {d.why}")
+            for name, why in d.lost:
+                lines.append(f"      {name} lost: {why}")
+            for row in self.rows:
+                if row.decision is d and (m is None or row.lo <= m <= row.hi):
+                    lines.append(f"      {_tokens(row.lo, row.hi):<12} {format_config(row.config)}")
+        return "\n".join(lines)
+
+
+def _verdicts(query: Query):
+    return [(cls, *cls.can_implement(query)) for cls in backends.for_op(query.op)]
+
+
+def _default_decisions(able: list[type[Backend]], lo: int, hi: int, basis_note: str) -> list[Decision]:
+    """The conservative default: per token, the first capable backend (registry order) whose default_tokens
+    cover it; where none does, the first capable one."""
+
+    def covers(cls, m):
+        first, last = cls.default_tokens
+        return first <= m and (last is None or m <= last)
+
+    bounds = {lo, hi + 1}
+    for cls in able:
+        first, last = cls.default_tokens
+        bounds |= {b for b in (first, None if last is None else last + 1) if b is not None and lo < b <= hi}
+    edges = sorted(bounds)
+    out: list[Decision] = []
+    for a, b in zip(edges, edges[1:], strict=False):
+        winner = next((cls for cls in able if covers(cls, a)), able[0])
+        why = f"default for {_tokens(a, b - 1)} tokens ({basis_note})"
+        lost = []
+        for cls in able:
+            if cls is winner:
+                continue
+            first, last = cls.default_tokens
+            span = f"{first}+" if last is None else f"{first}-{last}"
+            lost.append((cls.name, f"the defaults prefer {winner.name} here (its default range: {span} tokens)"))
+        out.append(Decision(a, b - 1, winner, why, tuple(lost)))
+    return out
+
+
+def _measured_decisions(able, entry: crossover.Entry, hi: int) -> list[Decision]:
+    """Per measured token count p: the fastest capable backend there; it runs the tokens after the previous
+    measured count up to p (the last measured count's winner also runs everything above it)."""
+    points = list(entry.ms)
+    spans = []
+    prev = 0
+    for i, p in enumerate(points):
+        top = hi if i == len(points) - 1 else min(p, hi)
+        if prev + 1 > top:
+            break
+        texts, known = {}, []
+        for cls in able:
+            t, how = entry.time(cls.name, p)
+            texts[cls.name] = "?" if t is None else {"interpolated": "~", "bound": "≤"}.get(how, "") + f"{t:.1f}"
+            if t is not None:
+                known.append((t, cls))
+        winner = min(known, key=lambda tc: tc[0])[1] if known else None
+        spans.append((prev + 1, top, winner, p, texts))
+        prev = top
+    out: list[Decision] = []
+    for lo, top, winner, p, texts in spans:
+        if winner is None:  # nothing capable measured here: the defaults decide this span
+            out += _default_decisions(able, lo, top, f"nothing capable measured at M={p}")
+            continue
+        out.append(Decision(lo, top, winner, f"fastest at M={p}: {texts[winner.name]}",
+                            tuple((c.name, f"M={p}: {texts[c.name]}") for c in able if c is not winner)))  # fmt: skip
+    return _merge(out)
+
+
+def _merge(decisions: list[Decision]) -> list[Decision]:
+    """Join neighbouring ranges of one backend, their evidence listed together."""
+    out: list[Decision] = []
+    for d in decisions:
+        prev = out[-1] if out else None
+        if prev is not None and prev.backend is d.backend and prev.hi + 1 == d.lo:
+            lost = dict(prev.lost)
+            for name, why in d.lost:
+                lost[name] = f"{lost[name]}, {why}" if name in lost else why
+            why = f"{prev.why}, {d.why.removeprefix('fastest at ')}"
+            out[-1] = Decision(prev.lo, d.hi, d.backend, why, tuple(lost.items()))
+        else:
+            out.append(d)
+    return out
+
+
+def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
+    """-> (basis, backends that cannot run the query with why, decisions over 1..max_tokens). No device work:
+    a plan can be worked out for a DeviceInfo of a GPU that is not here."""
+    if query.path not in ("auto", "reference"):
+        raise ValueError(f"path must be 'auto' or 'reference', got {query.path!r}")
+    verdicts = _verdicts(query)
+    able = [cls for cls, ok, _ in verdicts if ok]
+    never = tuple((cls.name, why) for cls, ok, why in verdicts if not ok)
+    what = f"{query.op} {query.format} × {query.activation}"
+    if not able:
+        detail = "; ".join(f"{cls.name}: {why}" for cls, _, why in verdicts)
+        raise UnsupportedError(f"no b12x path runs {what} on {query.device.device}: {detail}")
+    hi = query.max_tokens
+    if len(able) == 1:
+        why = next(why for cls, ok, why in verdicts if ok)
+        return "one backend runs this here", never, [Decision(1, hi, able[0], why)]
+    arch = query.device.arch
+    found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries)
+    if found is None:
+        note = f"no measurements for {arch} {query.format} × {query.act_mode}"
+        return f"conservative defaults ({note})", never, _default_decisions(able, 1, hi, "unmeasured")
+    entry, note = found
+    basis = (f"measured on {arch}, shape class {entry.shape} ({entry.source}){'; ' + note if note else ''}; "
+             f"per range the fastest at its last measured M (µs; ~ interpolated, ≤ bounded by a larger M's time, "
+             f"? unmeasured)")  # fmt: skip
+    return basis, never, _measured_decisions(able, entry, hi)
+
+
+def preview(query: Query, entries=None) -> Plan:
+    """The plan prepare_* would build for `query`, without preparing anything (its rows cannot run): what a GPU
+    that is not here would run (docs, tests, planning a deployment)."""
+    basis, never, decisions = choose(query, entries)
+    rows = []
+    for d in decisions:
+        backend = d.backend.__new__(d.backend)  # configurations depend on the query only
+        Backend.__init__(backend, query, None)
+        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in backend.configs(d.lo, d.hi)]
+    return Plan(query, basis, never, tuple(decisions), tuple(rows))
+
+
+def _warm_args(query: Query, tokens: int) -> tuple:
+    device = query.device.device
+    if query.op == "linear":
+        return torch.zeros(tokens, query.k, dtype=torch.bfloat16, device=device), None
+    if query.op == "moe":
+        top_k = query.moe.top_k
+        ids = torch.zeros(tokens, top_k, dtype=torch.int32, device=device)  # every slot to expert 0
+        weights = torch.full((tokens, top_k), 1.0 / top_k, device=device)
+        return torch.zeros(tokens, query.moe.hidden, dtype=torch.bfloat16, device=device), weights, ids
+    return (torch.zeros(tokens, dtype=torch.int32, device=device),)
+
+
+def build(query: Query, weights, entries=None, only: type[Backend] | None = None, warm: bool = True) -> Plan:
+    """Choose, prepare the chosen backends, size the shared workspaces and warm every row (prepare time).
+    `only`: one backend for every token count, unchecked (benchmarks time each backend alone; the interpreter's
+    tests run CUDA backends on CPU tensors); `warm=False` skips the warm-up runs."""
+    if only is None:
+        basis, never, decisions = choose(query, entries)
+    else:
+        basis, never = f"{only.name} alone, as asked for", ()
+        decisions = [Decision(1, query.max_tokens, only, "asked for")]
+    prepared: dict[type[Backend], Backend] = {}
+    rows = []
+    for d in decisions:
+        if d.backend not in prepared:
+            prepared[d.backend] = d.backend.prepare(query, weights)
+        backend = prepared[d.backend]
+        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in backend.configs(d.lo, d.hi)]
+    for backend in prepared.values():
+        backend.reserve()
+    scratch = max(row.backend.scratch_bytes(row.hi, row.config) for row in rows)
+    if scratch:
+        workspace.reserve_scratch(query.device.device, scratch)
+    plan = Plan(query, basis, never, tuple(decisions), tuple(rows))
+    key = (query.op, query.format, query.act_mode, query.device.device, query.path, query.n, query.k, plan.summary())
+    if key not in _logged:  # once per distinct layer kind
+        _logged.add(key)
+        logger.info("b12x: %s %s × %s on %s -> %s", query.op, query.format, query.activation, query.device.device,
+                    plan.summary())  # fmt: skip
+    for row in rows if warm else ():
+        if row.backend.warm:
+            row.run(*_warm_args(query, row.lo))
+    return plan

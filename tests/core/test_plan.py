@@ -1,0 +1,128 @@
+"""The plan: properties that hold whatever the measurements say. Every token count maps to exactly one row, and
+every row is warmed at prepare; explain lists every row; measured ranges go to the fastest capable backend
+(against a brute-force oracle on random tables); an unmeasured GPU gets the defaults, marked as such; each
+backend's can_implement says why not. Plans for GPUs that are not here are worked out from a DeviceInfo."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import b12x_core as bc
+import b12x_formats as bf
+from b12x_core import backends, crossover, plan
+from b12x_core.backends import Backend, DeviceInfo, Query
+
+H200 = DeviceInfo(torch.device("cuda", 0), (9, 0), sms=132, smem_kb=227)
+SM120 = DeviceInfo(torch.device("cuda", 0), (12, 0), sms=170, smem_kb=99, block_scaled_mm="not verified here")
+CPU = DeviceInfo.of(torch.device("cpu"))
+PAIRS = [(f, "bf16") for f in bf.FORMATS] + [("FP8", "fp8_static"), ("FP8", "fp8_token"), ("FP8_BLOCK", "fp8_group128"),
+         ("MXFP8", "mxfp8"), ("MXFP4", "mxfp8"), ("NVFP4", "mxfp8"), ("NVFP4", "nvfp4")]  # fmt: skip
+
+
+def query(fmt, mode, device, max_tokens=4096, n=10240, k=8192, shards=None):
+    activation = {"fp8_static": "fp8", "fp8_token": "fp8", "fp8_group128": "fp8"}.get(mode, mode)
+    return Query("linear", fmt, activation, mode, device, "auto", n, k, max_tokens, shards or (n,))
+
+
+@pytest.mark.parametrize("device", [H200, SM120, CPU], ids=lambda d: d.arch)
+@pytest.mark.parametrize("fmt,mode", PAIRS, ids=str)
+def test_decisions_tile_every_token_count_with_capable_backends(fmt, mode, device):
+    max_tokens = 1 + 4096 * (device is not CPU)
+    basis, never, decisions = plan.choose(query(fmt, mode, device, max_tokens))
+    assert decisions[0].lo == 1 and decisions[-1].hi == max_tokens
+    assert all(a.hi + 1 == b.lo for a, b in zip(decisions, decisions[1:], strict=False))
+    unable = {name for name, _ in never}
+    for d in decisions:
+        assert d.backend.can_implement(query(fmt, mode, device, max_tokens))[0] and d.backend.name not in unable
+        assert d.why and all(why for _, why in d.lost)
+    if device is SM120:  # nothing measured there: the defaults, and the explain basis says so
+        assert basis.startswith("conservative defaults")
+
+
+class Recorder(Backend):
+    """A backend that splits its range into configurations of 5 tokens and records the token counts it runs."""
+
+    name, op = "recorder", "linear"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.calls = []
+
+    @classmethod
+    def can_implement(cls, query):
+        return True, "records"
+
+    def configs(self, lo, hi):
+        return [(a, min(a + 4, hi), {"chunk": (a - 1) // 5}) for a in range(lo, hi + 1, 5)]
+
+    def run(self, x2, bias, *, config):
+        self.calls.append((x2.shape[0], config["chunk"]))
+        return x2
+
+
+def test_every_token_count_maps_to_a_warmed_row_and_explain_lists_every_row(rng):
+    max_tokens = int(rng.integers(20, 60))
+    p = plan.build(query("FP8", "bf16", CPU, max_tokens, n=8, k=8), None, only=Recorder)
+    warmed = {chunk for _, chunk in p.rows[0].backend.calls}
+    for m in range(1, max_tokens + 1):
+        row = p.for_tokens(m)
+        assert row.lo <= m <= row.hi and row.config["chunk"] in warmed
+    with pytest.raises(bc.UnsupportedError):
+        p.for_tokens(max_tokens + 1)
+    text = p.explain("header")
+    assert all(f"{row.lo}-{row.hi} " in text for row in p.rows)
+    m = int(rng.integers(1, max_tokens + 1))
+    assert sum(line.strip().startswith(f"{p.for_tokens(m).lo}-") for line in p.explain("h", m).splitlines()) == 1
+
+
+def test_measured_ranges_go_to_the_fastest_capable_backend(rng):
+    """A random table: at each measured M the row's backend is the brute-force minimum over capable backends."""
+    ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
+    names = ["cuda_gemv", "triton_tiles", "decode_gemm", "not_a_backend"]
+    us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
+    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "N:M/K:M", ms, us, "random")
+    q = query("MXFP4", "bf16", H200, max_tokens=2048)
+    basis, _, decisions = plan.choose(q, entries=(entry,))
+    assert basis.startswith("measured")
+    able = {cls.name for cls in backends.for_op("linear") if cls.can_implement(q)[0]}
+    for p in ms:
+        best = min(able, key=lambda name: us[name][ms.index(p)])
+        assert next(d for d in decisions if d.lo <= p <= d.hi).backend.name == best, (p, decisions)
+
+
+def test_an_unmeasured_key_gets_the_defaults_and_explain_says_so():
+    q = query("FP8", "fp8_token", SM120)
+    basis, _, decisions = plan.choose(q, entries=())
+    assert "conservative defaults" in basis and "sm_120" in basis
+    assert decisions[0].backend.name == "cuda_gemv" and decisions[0].hi == 16  # the issue's M=1 case: the GEMV
+
+
+def test_a_prepared_plan_on_cpu_is_the_reference_and_explain_prints_it(rng):
+    qw = bf.quantize(rng.standard_normal((16, 256)).astype(np.float32), "MXFP4")
+    lin = bc.prepare_linear(qw, max_tokens=8, activation="mxfp8")
+    assert [(r.lo, r.hi, r.backend.name) for r in lin.plan.rows] == [(1, 8, "reference")]
+    assert "1-8 tokens -> reference" in bc.explain(lin) and "cuda_gemv: needs a CUDA device" in bc.explain(lin)
+
+
+CANNOT = [  # (backend, query, what its reason must say)
+    ("cuda_gemv", query("FP8", "bf16", H200, k=12), r"K % 8 == 0, K is 12"),
+    ("cuda_gemv", query("Q8_0", "fp8_token", H200), r"GGML formats with bf16"),
+    ("scaled_mm", query("NVFP4", "nvfp4", H200), r"runs FP8 × fp8_static / fp8_token"),
+    ("scaled_mm", query("FP8", "fp8_token", H200, n=72), r"multiples of 16"),
+    ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", H200, shards=(72, 10168)), r"whole 128-blocks"),
+    ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", SM120), r"not verified here"),
+    ("decode_gemm", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
+    ("triton_tiles", query("IQ2_XS", "bf16", CPU), r"needs a CUDA device, the op is on cpu"),
+    ("reference", query("IQ2_XS", "bf16", H200), r"only when asked for with path='reference'"),
+]
+
+
+@pytest.mark.parametrize("name,q,reason", CANNOT, ids=[f"{c[0]}-{c[2][:20]}" for c in CANNOT])
+def test_can_implement_says_why_not(name, q, reason):
+    cls = next(cls for cls in backends.for_op(q.op) if cls.name == name)
+    ok, why = cls.can_implement(q)
+    assert not ok and re.search(reason, why), why

@@ -1,0 +1,28 @@
+"""benchmarks/plan_check.py's logic runs on the CPU (`--cpu-smoke`: a tiny shape, the reference backend, wall
+clock): it writes its rows, the check and a measured table the plan reads back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_plan_check_smoke_writes_rows_and_a_table_the_plan_reads(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks/plan_check.py"), "--cpu-smoke", "--formats", "Q8_0,FP8",
+           "--out", "out.json", "--png", "", "--emit-table", "table.json"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert "## check: dispatched" in done.stdout, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    measured = [r for r in rows if "backends" in r]
+    assert {(r["format"], r["mode"]) for r in measured} == {("Q8_0", "bf16"), ("FP8", "bf16"), ("FP8", "fp8_static"),
+                                                            ("FP8", "fp8_token")}  # fmt: skip
+    assert all(set(r["backends"]) == {"reference"} and r["dispatched"] > 0 for r in measured)
+    from b12x_core import crossover
+
+    entries = crossover.load(tmp_path / "table.json")
+    assert {(e.format, e.act_mode) for e in entries} == {(r["format"], r["mode"]) for r in measured}
+    assert all(e.ms == (1, 2, 4) and len(e.us["reference"]) == 3 for e in entries)
