@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from decode_linear import copies_for, copy_bandwidth, time_graph
 
 import b12x_formats as bf
+from b12x_formats.kernel_facts import format_id
 from b12x_core import mma_layout, mma_path
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
@@ -56,7 +57,7 @@ def random_shard(fmt: str, n: int, k: int) -> mma_path.MmaShard:
             meta2 = torch.randint(0, 256, (rows * 8,), dtype=torch.uint8, device="cuda")
     elif fmt == "FP8_BLOCK":
         block_scale = torch.full((-(-n // 128), -(-k // 128)), 0.01, device="cuda")
-    return mma_path.MmaShard(fmt, mma_layout.FORMAT_IDS[fmt], 0, n, k, chunks, codes, meta, meta2, block_scale,
+    return mma_path.MmaShard(fmt, format_id(fmt), 0, n, k, chunks, codes, meta, meta2, block_scale,
                              tables, 0.01)  # fmt: skip
 
 

@@ -82,7 +82,7 @@ def test_every_token_count_maps_to_a_warmed_row_and_explain_lists_every_row(rng)
 def test_measured_ranges_go_to_the_fastest_capable_backend(rng):
     """A random table: at each measured M the row's backend is the brute-force minimum over capable backends."""
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
-    names = ["cuda_gemv", "triton_tiles", "decode_gemm", "not_a_backend"]
+    names = [cls.name for cls in backends.for_op("linear")] + ["not_a_backend"]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
     entry = crossover.Entry((9, 0), "MXFP4", "bf16", "N:M/K:M", ms, us, "random")
     q = query("MXFP4", "bf16", H200, max_tokens=2048)

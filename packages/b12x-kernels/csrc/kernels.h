@@ -34,13 +34,8 @@ cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64
                            int V, int H, cudaStream_t stream);
 
 // Tensor-core mixed-input GEMM (mma_gemm.cu) over weights repacked by b12x_core/mma_layout.py.
-enum MmaFormat : int {
-  kMmaFP8 = 0, kMmaFP8_BLOCK = 1, kMmaMXFP8 = 2, kMmaNVFP4 = 3, kMmaMXFP4 = 4,
-  kMmaQ8_0 = 5, kMmaIQ2_XXS = 6, kMmaIQ2_XS = 7,
-};
-
 struct MmaArgs {
-  int format;
+  int format;                 // FMT_* (format_facts.h)
   const uint8_t* codes;       // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
   const uint8_t* meta;        // per (row, chunk) block-scale bytes, row-blocked; null for FP8 / FP8_BLOCK
   const uint8_t* meta2;       // IQ2_XS: sub-block scale bytes per (row, chunk)

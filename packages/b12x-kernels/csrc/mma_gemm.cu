@@ -27,23 +27,23 @@ using namespace mma;
 int mma_blocks_per_sm(int format, int mt, int rt) {
   if ((mt != 1 && mt != 2 && mt != 4) || (rt != 1 && rt != 2)) return 0;
   switch (format) {
-    case kMmaFP8: return blocks_per_sm_cfg<FmtFP8>(mt, rt);
-    case kMmaFP8_BLOCK: return blocks_per_sm_cfg<FmtFP8Block>(mt, rt);
-    case kMmaMXFP8: return blocks_per_sm_cfg<FmtMXFP8>(mt, rt);
-    case kMmaNVFP4: return blocks_per_sm_cfg<FmtFP4<true>>(mt, rt);
-    case kMmaMXFP4: return blocks_per_sm_cfg<FmtFP4<false>>(mt, rt);
-    case kMmaQ8_0: return blocks_per_sm_cfg<FmtQ8_0>(mt, rt);
-    case kMmaIQ2_XXS: return blocks_per_sm_cfg<FmtIQ2<false>>(mt, rt);
-    case kMmaIQ2_XS: return blocks_per_sm_cfg<FmtIQ2<true>>(mt, rt);
+    case FMT_FP8: return blocks_per_sm_cfg<FmtFP8>(mt, rt);
+    case FMT_FP8_BLOCK: return blocks_per_sm_cfg<FmtFP8Block>(mt, rt);
+    case FMT_MXFP8: return blocks_per_sm_cfg<FmtMXFP8>(mt, rt);
+    case FMT_NVFP4: return blocks_per_sm_cfg<FmtFP4<true>>(mt, rt);
+    case FMT_MXFP4: return blocks_per_sm_cfg<FmtFP4<false>>(mt, rt);
+    case FMT_Q8_0: return blocks_per_sm_cfg<FmtQ8_0>(mt, rt);
+    case FMT_IQ2_XXS: return blocks_per_sm_cfg<FmtIQ2<false>>(mt, rt);
+    case FMT_IQ2_XS: return blocks_per_sm_cfg<FmtIQ2<true>>(mt, rt);
     default: return 0;
   }
 }
 
 int mma_chunk_k(int format) {
   switch (format) {
-    case kMmaFP8: case kMmaFP8_BLOCK: case kMmaMXFP8: case kMmaQ8_0: return 64;
-    case kMmaNVFP4: case kMmaMXFP4: return 128;
-    case kMmaIQ2_XXS: case kMmaIQ2_XS: return 256;
+    case FMT_FP8: case FMT_FP8_BLOCK: case FMT_MXFP8: case FMT_Q8_0: return 64;
+    case FMT_NVFP4: case FMT_MXFP4: return 128;
+    case FMT_IQ2_XXS: case FMT_IQ2_XS: return 256;
     default: return 0;
   }
 }
@@ -72,14 +72,14 @@ cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
   p.tickets = a.tickets;
   const int nblocks = (p.n16 + 7) / 8;  // 128 rows per CTA
   switch (a.format) {
-    case kMmaFP8: return launch_cfg<FmtFP8>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaFP8_BLOCK: return launch_cfg<FmtFP8Block>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaMXFP8: return launch_cfg<FmtMXFP8>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaNVFP4: return launch_cfg<FmtFP4<true>>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaMXFP4: return launch_cfg<FmtFP4<false>>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaQ8_0: return launch_cfg<FmtQ8_0>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaIQ2_XXS: return launch_cfg<FmtIQ2<false>>(a.mt, a.rt, p, nblocks, stream);
-    case kMmaIQ2_XS: return launch_cfg<FmtIQ2<true>>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_FP8: return launch_cfg<FmtFP8>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_FP8_BLOCK: return launch_cfg<FmtFP8Block>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_MXFP8: return launch_cfg<FmtMXFP8>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_NVFP4: return launch_cfg<FmtFP4<true>>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_MXFP4: return launch_cfg<FmtFP4<false>>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_Q8_0: return launch_cfg<FmtQ8_0>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_IQ2_XXS: return launch_cfg<FmtIQ2<false>>(a.mt, a.rt, p, nblocks, stream);
+    case FMT_IQ2_XS: return launch_cfg<FmtIQ2<true>>(a.mt, a.rt, p, nblocks, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -219,6 +219,7 @@ struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (t
 // are read from shared-memory tables replicated kReplicas times across the banks, so the warp's 32 random
 // lookups conflict at most two-way. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
 // fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
+// The grid's three values (checked against b12x_formats' grids by mma_layout.iq2_tables) as bf16 bytes:
 constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
 constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
 
@@ -236,7 +237,7 @@ template <bool XS>
 struct FmtIQ2 {
   static constexpr int E = 64, KB = 256, META = 2, META2 = XS ? 8 : 0;
   static constexpr bool ACC = true;
-  static constexpr int GRID = XS ? 512 : 256;  // grid entries; the sign table (128) follows in `tables`
+  static constexpr int GRID = XS ? IQ2_XS_GRID_ENTRIES : IQ2_XXS_GRID_ENTRIES;  // the 128 sign words follow
   struct S {
     uint32_t mul[4];  // per 16 weights of the lane: IQ2_XXS sub-blocks 2t, 2t+1; IQ2_XS four nibbles
   };

@@ -19,18 +19,13 @@ import ml_dtypes
 import numpy as np
 
 import b12x_formats as bf
-from b12x_formats import tables
+from b12x_formats import kernel_facts, tables
+from b12x_formats.quantized import codec_for
 
-# The kernel's format ids (csrc/kernels.h MmaFormat) and K elements per chunk.
-FORMAT_IDS = {
-    "FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4,
-    "Q8_0": 5, "IQ2_XXS": 6, "IQ2_XS": 7,
-}  # fmt: skip
-FORMATS = tuple(FORMAT_IDS)
+FORMATS = tuple(kernel_facts.FORMAT_IDS)  # every format has a layout here
 TILE_ROWS = 16
 LANE_BYTES = 16  # one 16-byte load per lane and row
 QUAD = 4  # lanes sharing a row
-FP16_BYTES = 2  # GGML's block scale d
 
 
 def chunk_k(fmt: str) -> int:
@@ -120,10 +115,11 @@ def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> n
 
 
 def _ggml_fields(spec) -> tuple[int, int, int]:
-    """(code bytes, extra scale bytes) of one GGML block after its fp16 d: Q8_0 32 codes; IQ2 64 code bytes
-    (grid/sign indices), IQ2_XS then its 8 sub-block scale bytes."""
-    code = spec.group_size if spec.name == "Q8_0" else spec.group_size // 4
-    return FP16_BYTES, code, spec.block_bytes - FP16_BYTES - code
+    """(d bytes, code bytes, sub-block scale bytes) of one GGML block, from its codec's field offsets: the fp16
+    d, then the codes (Q8_0: 32 int8; IQ2: grid and sign indices), then IQ2_XS's sub-block scales."""
+    codec = codec_for(spec.name)
+    end = getattr(codec, "SCALES_OFFSET", spec.block_bytes)
+    return codec.QS_OFFSET, end - codec.QS_OFFSET, spec.block_bytes - end
 
 
 def _per_tensor(tensors: dict, name: str) -> float:
@@ -133,8 +129,8 @@ def _per_tensor(tensors: dict, name: str) -> float:
 def pack(qw: bf.QuantizedWeight) -> MmaWeight:
     """Checkpoint tensors of one [N, K] weight -> the kernel's layout."""
     spec = bf.spec(qw.format)
-    if spec.name not in FORMAT_IDS or len(qw.shape) != 2:
-        raise ValueError(f"the tensor-core GEMM takes [N, K] weights of {sorted(set(FORMAT_IDS))}, got {qw}")
+    if spec.name not in FORMATS or len(qw.shape) != 2:
+        raise ValueError(f"the tensor-core GEMM takes [N, K] weights of {sorted(FORMATS)}, got {qw}")
     n, k = qw.shape
     t = qw.tensors
     ck = chunk_k(spec.name)

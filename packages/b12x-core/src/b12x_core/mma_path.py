@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import b12x_formats as bf
+from b12x_formats.kernel_facts import format_id
 
 from . import mma_layout
 
@@ -49,7 +50,9 @@ def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
-def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
+def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -> list[MmaShard]:
+    """Repack and upload each row shard; `act_factor` (a per-tensor activation scale the caller leaves out of
+    the activations) joins every shard's alpha."""
     out, row = [], 0
     tables = None
     for qw in shards:
@@ -58,9 +61,9 @@ def prepare(shards: list[bf.QuantizedWeight], device) -> list[MmaShard]:
             tables = _upload(mma_layout.iq2_tables(mw.format).view(np.int32), device)
         out.append(
             MmaShard(
-                mw.format, mma_layout.FORMAT_IDS[mw.format], row, mw.n, mw.k, mw.chunks,
+                mw.format, format_id(mw.format), row, mw.n, mw.k, mw.chunks,
                 _upload(mw.codes, device), _upload(mw.meta, device), _upload(mw.meta2, device),
-                _upload(mw.block_scale, device), tables, mw.alpha, mw.scale_mul,
+                _upload(mw.block_scale, device), tables, mw.alpha * act_factor, mw.scale_mul,
             )
         )  # fmt: skip
         row += mw.n
@@ -87,7 +90,7 @@ def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
     import b12x_kernels
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms * max(1, b12x_kernels.mma_blocks_per_sm(mma_layout.FORMAT_IDS[fmt], mt, rt))
+    return sms * max(1, b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
 
 
 @dataclass

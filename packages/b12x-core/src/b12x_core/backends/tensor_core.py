@@ -1,0 +1,98 @@
+"""The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm, csrc/mma_gemm.cuh), Marlin class: the weight repacked
+once into lane-ordered 1 KB tiles (b12x_core.mma_layout, lossless), streamed through a per-warp cp.async ring,
+decoded in registers straight into bf16 MMA fragments (`mma.sync.m16n8k16`, fp32 accumulation), K split across
+CTAs with a deterministic in-order reduction so that a few tokens fill every SM.
+
+Every format; activation modes whose operand bf16 holds exactly (bf16, mxfp8, nvfp4 with its input_scale in the
+shard factor, static fp8 with its scale there too). Per-token fp8 scales need the GEMV or cuBLASLt.
+
+Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
+the K split whose CTAs fill the GPU in the most even waves (mma_path.default_config, from the kernel's occupancy
+on this device).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import mma_layout, mma_path, workspace
+from ..weights import TENSOR_ACTIVATION_SCALE
+from . import operands
+from .base import Backend, cuda_reason
+
+MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
+CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
+
+
+class TensorCoreGemm(Backend):
+    name, op = "tensor_core", "linear"
+    default_tokens = (1, 32)  # where it beats the GEMV and the tiles on the H200 (docs/performance.md)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.format not in mma_layout.FORMATS:
+            return False, f"has no layout for {q.format}"
+        if q.act_mode not in MODES:
+            return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
+        if q.k % 8:
+            return False, f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
+        why = cuda_reason(q)
+        if why:
+            return False, why
+        return True, "tensor-core mixed-input GEMM (weights decoded into bf16 MMA fragments, split K)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        if weights is None:  # a preview: configurations only
+            return
+        act_factor = weights.input_scale if query.act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+        self.shards = mma_path.prepare(weights.shards, query.device.device, float(np.float32(act_factor or 1.0)))
+        tiles = -(-query.max_tokens // 8) * -(-query.n // mma_path.ROWS_PER_CTA)
+        self.tickets = torch.zeros(tiles, dtype=torch.int32, device=query.device.device)  # zero at rest
+
+    def _slots(self, mt: int) -> int:
+        q = self.query
+        blocks = CONSERVATIVE_BLOCKS_PER_SM
+        if q.on_cuda and not q.device.kernels:
+            import b12x_kernels
+            from b12x_formats.kernel_facts import format_id
+
+            blocks = b12x_kernels.mma_blocks_per_sm(format_id(q.format), mt, 1) or blocks
+        return q.device.sms * blocks
+
+    def configs(self, lo, hi):
+        from .triton_tiles import config_ranges
+
+        q = self.query
+        chunks = -(-q.k // mma_layout.chunk_k(q.format))
+        slots = {mt: self._slots(mt) for mt in mma_path.TOKEN_TILES}
+
+        def config_of(m: int) -> dict:
+            mt = mma_path.default_config(m, q.n, chunks, 1).mt
+            c = mma_path.default_config(m, q.n, chunks, slots[mt])
+            return {"tokens": 8 * c.mt, "splits": c.splits}
+
+        return config_ranges(lo, hi, config_of)
+
+    def _partials(self, tokens, config) -> list:
+        return [((config["splits"] * tokens * self.query.n,), torch.float32)] if config["splits"] > 1 else []
+
+    def scratch_bytes(self, tokens, config):
+        q = self.query
+        return workspace.nbytes(operands.bf16_specs(q.act_mode, tokens, q.k) + self._partials(tokens, config))
+
+    def run(self, x2, bias, *, config):
+        q = self.query
+        m = x2.shape[0]
+        carved = workspace.carve(x2.device, operands.bf16_specs(q.act_mode, m, q.k) + self._partials(m, config))
+        values = carved[: len(carved) - len(self._partials(m, config))]
+        xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale, values or None)
+        y = torch.empty(m, q.n, dtype=torch.bfloat16, device=x2.device)
+        if bias is not None and bias.dtype != torch.bfloat16:
+            bias = bias.to(torch.bfloat16)
+        partials = carved[-1] if config["splits"] > 1 else self.tickets.view(torch.float32)
+        ws = mma_path.MmaWorkspace(partials, self.tickets)
+        mc = mma_path.MmaConfig(config["tokens"] // 8, config["splits"])
+        mma_path.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
+        return y
