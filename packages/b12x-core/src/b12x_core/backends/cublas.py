@@ -20,6 +20,7 @@ from . import operands
 from .base import Backend, cuda_reason
 
 FP8_ROWS = 16  # cuBLASLt's fp8 layouts want the row count of A padded to a multiple of 16
+CUBLAS_SCALE_ALIGN = 4  # block-scale rows (K/128) cuBLASLt's block-scaled GEMM takes unpadded
 DECODE_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
 # Conservative defaults (a GPU without measurements): cuBLASLt's fp8 GEMMs past the GEMV's 16 tokens (the H200's
 # fp8 _scaled_mm took over from 12 tokens when measured); decode + GEMM only where its extra pass over the weight
@@ -114,6 +115,9 @@ class BlockScaledMM(Backend):
             return False, f"runs FP8_BLOCK × fp8_group128, not {q.format} × {q.act_mode}"
         if q.k % FP8_BLOCK_SIZE or any(rows % FP8_BLOCK_SIZE for rows in q.shard_rows):
             return False, f"needs K and every fused shard's rows in whole 128-blocks, got K={q.k}, rows {q.shard_rows}"
+        if (q.k // FP8_BLOCK_SIZE) % CUBLAS_SCALE_ALIGN:
+            # torch 2.11 on the H200: "scale_b must have shape 8 x 2" for K/128 = 5 (cuBLASLt pads scale rows to 4)
+            return False, f"needs K/128 a multiple of {CUBLAS_SCALE_ALIGN} (cuBLASLt's block-scale layout), K is {q.k}"
         why = cuda_reason(q, triton=True, kernels=False) or q.device.block_scaled_mm
         if why:
             return False, why
