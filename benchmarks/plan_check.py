@@ -123,6 +123,9 @@ def measure(args, device: torch.device) -> list[dict]:
         bf16_w.clear()
         for pair in pairs:
             measure_pair(timer, device, name, n, k, pair, ms, rows)  # its weight copies are freed on return
+            if args.out:  # after every pair: a run cut short still leaves its measurements
+                with open(args.out, "w") as f:
+                    json.dump({"rows": rows, "partial": True}, f)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
