@@ -23,6 +23,7 @@ from ._arrays import require_finite
 from .checkpoint import save_checkpoint
 from .gguf_file import open_gguf
 from .modelopt import QuantizationConfig
+from .output import check_output
 from .quantized import QuantizedWeight
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
@@ -51,6 +52,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     gguf_path = Path(gguf_path).resolve()
+    check_output(out_dir, [gguf_path], overwrite)  # before minutes of work (and again when writing)
     reader = open_gguf(gguf_path)
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:

@@ -21,6 +21,7 @@ from ._arrays import require_finite, to_float32
 from .api import quantize
 from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
 from .modelopt import QuantizationConfig, is_norm_module
+from .output import check_output
 from .quantized import codec_for
 from .shards import FLOAT_DTYPES
 from .validate import check_checkpoint
@@ -80,6 +81,7 @@ def side_files(src: Path) -> dict[str, Path]:
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
     """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
     src, out = Path(src), Path(out)
+    check_output(out, [src], overwrite)  # before minutes of work (and again when writing)
     ckpt = Checkpoint(src)
     check_checkpoint(ckpt)
     if ckpt.quantization is not None:
@@ -144,6 +146,7 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = Fa
     from .api import dequantize
 
     src, out = Path(src), Path(out)
+    check_output(out, [src], overwrite)
     ckpt = Checkpoint(src)
     check_checkpoint(ckpt)
     layers = ckpt.quantized_layers()
