@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.run(args)
     except (Terminated, KeyboardInterrupt) as err:
-        print(f"{where}: error: {_one_line(err) if str(err) else 'interrupted'}; nothing was written", file=sys.stderr)
+        print(f"{where}: error: {err or 'interrupted'}; nothing was written", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
     except Exception as err:  # bad input of any kind: one line, the traceback only on request
         if args.debug:

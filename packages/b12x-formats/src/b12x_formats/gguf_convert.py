@@ -100,7 +100,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                 blocks = rows.reshape(*rows.shape[:-1], rows.shape[-1] // nbytes, nbytes)
                 data = blocks if experts else processor.process(blocks, t.name).weights
             else:
-                values = gguf.quants.dequantize(np.asarray(t.data), qtype)
+                with np.errstate(over="ignore", invalid="ignore"):  # non-finite results are refused below
+                    values = gguf.quants.dequantize(np.asarray(t.data), qtype)
                 data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
                 # a NaN norm or an Inf block scale would reach the model silently; bf16 can also overflow
                 require_finite(f"{gguf_path.name}: tensor {t.name!r} ({qtype.name}) decoded", data, "weights must be finite")
