@@ -27,7 +27,9 @@ def test_activation_quantizers_take_zero_tokens(mode):
 def test_linear_of_no_tokens(rng, fmt, activation, with_scale):
     k, n = 512, 72
     some = torch.from_numpy(rng.standard_normal((4, k)).astype(np.float32)).to(torch.bfloat16)
-    lin = bc.prepare_linear(make_weight(rng, fmt, n, k, with_scale, some), device="cpu", max_tokens=4, activation=activation)
+    lin = bc.prepare_linear(
+        make_weight(rng, fmt, n, k, with_scale, some), device="cpu", max_tokens=4, activation=activation
+    )
     for shape in [(0, k), (2, 0, k)]:
         y = bc.linear(torch.empty(shape, dtype=torch.bfloat16), lin)
         assert y.shape == shape[:-1] + (n,) and y.dtype == torch.bfloat16

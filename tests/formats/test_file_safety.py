@@ -149,7 +149,10 @@ def test_index_and_files_must_agree(sharded, rng):
     index = json.loads(index_path.read_text())
     for entry, match in [
         ({"m.0.weight": "model-00003-of-00003.safetensors"}, r"puts tensor 'm.0.weight' in 'model-00003"),
-        ({"ghost.weight": "model-00001-of-00003.safetensors"}, r"lists tensor 'ghost.weight' .* which does not hold it"),
+        (
+            {"ghost.weight": "model-00001-of-00003.safetensors"},
+            r"lists tensor 'ghost.weight' .* which does not hold it",
+        ),
         ({"m.0.weight": "../elsewhere.safetensors"}, r"expected the name of a .safetensors file"),
     ]:
         index_path.write_text(json.dumps({**index, "weight_map": {**index["weight_map"], **entry}}))
@@ -181,7 +184,9 @@ def test_a_tensor_in_two_files_is_refused(sharded, tmp_path, rng, capsys):
     with pytest.raises(ValueError, match=r"extra.safetensors: not listed in model.safetensors.index.json"):
         Checkpoint(directory)
     (directory / INDEX_NAME).unlink()  # without an index: the duplicate itself is named
-    with pytest.raises(ValueError, match=r"tensor 'm.2.weight' is stored twice, in .*extra.safetensors and .*model-00002-of-00003"):
+    with pytest.raises(
+        ValueError, match=r"tensor 'm.2.weight' is stored twice, in .*extra.safetensors and .*model-00002-of-00003"
+    ):
         Checkpoint(directory)
     rc, _, err = run_cli(capsys, "inspect", directory)
     assert_clean_error(rc, err, "'m.2.weight' is stored twice")
@@ -237,12 +242,16 @@ def test_one_dimensional_quantized_weight(rng, tmp_path, capsys, fmt):
     flat = {k: (v.reshape(-1) if k == "weight" else v) for k, v in qw.tensors.items()}
     with pytest.raises(ValueError, match=rf"{fmt}: tensor 'weight' has shape \[\d+\]; it needs at least 2 dims"):
         bf.QuantizedWeight.from_tensors(fmt, flat)
-    save_checkpoint(tmp_path / "ck", [(f"m.proj.{k}", v) for k, v in flat.items()], {}, QuantizationConfig({"m.proj": fmt}))
+    save_checkpoint(
+        tmp_path / "ck", [(f"m.proj.{k}", v) for k, v in flat.items()], {}, QuantizationConfig({"m.proj": fmt})
+    )
     rc, _, err = run_cli(capsys, "inspect", tmp_path / "ck")
     assert_clean_error(rc, err, "'m.proj'", "needs at least 2 dims")
 
 
-@pytest.mark.parametrize("config", ["[1, 2]", "null", "{nope", '{"quantization_config": [1]}', '{"quantization_config": {"quant_algo": 7}}'])
+@pytest.mark.parametrize(
+    "config", ["[1, 2]", "null", "{nope", '{"quantization_config": [1]}', '{"quantization_config": {"quant_algo": 7}}']
+)
 def test_malformed_config_json(quantized, capsys, config):
     (quantized / "config.json").write_text(config)
     rc, _, err = run_cli(capsys, "inspect", quantized)
@@ -281,8 +290,11 @@ def test_gguf_counts_of_2_40(tmp_path, capsys, field, offset):
 
 @pytest.mark.parametrize(
     "qtype,data",
-    [(Q.I32, np.zeros((8, 32), np.int32)), (Q.F64, np.zeros((8, 32), np.float64)),
-     (Q.Q8_1, np.zeros((8, gguf.GGML_QUANT_SIZES[Q.Q8_1][1]), np.uint8))],
+    [
+        (Q.I32, np.zeros((8, 32), np.int32)),
+        (Q.F64, np.zeros((8, 32), np.float64)),
+        (Q.Q8_1, np.zeros((8, gguf.GGML_QUANT_SIZES[Q.Q8_1][1]), np.uint8)),
+    ],
     ids=["I32", "F64", "Q8_1"],
 )
 def test_gguf_types_convert_cannot_read(tmp_path, capsys, qtype, data):
@@ -359,7 +371,12 @@ def test_dequantize_refuses_values_that_overflow(tmp_path, capsys, rng):
     near_max = bf.QuantizedWeight.from_tensors("FP8", {**fp8.tensors, "weight_scale": np.float32(3e38)})
     with pytest.raises(ValueError, match="overflows float32"):
         bf.dequantize(near_max)
-    save_checkpoint(tmp_path / "ck", [(f"m.proj.{k}", v) for k, v in extreme.tensors.items()], {}, QuantizationConfig({"m.proj": "MXFP8"}))
+    save_checkpoint(
+        tmp_path / "ck",
+        [(f"m.proj.{k}", v) for k, v in extreme.tensors.items()],
+        {},
+        QuantizationConfig({"m.proj": "MXFP8"}),
+    )
     rc, _, err = run_cli(capsys, "dequantize", tmp_path / "ck", tmp_path / "out")
     assert_clean_error(rc, err, "layer 'm.proj'", "overflows float32")
 

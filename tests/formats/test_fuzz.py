@@ -66,7 +66,9 @@ json_leaf = (
     | st.sampled_from(["F32", "BF16", "U8", "F8_E4M3", "F4", "Q8_0", "NVFP4", "W4A16_NVFP4", "nvfp4", "MXFP4",
                       "FP8", "FP8_BLOCK", "IQ2_XS", "ggml", "MIXED_PRECISION", "modelopt", "weight_map"])
 )  # fmt: skip
-json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=5)
+json_value = st.recursive(
+    json_leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=5
+)
 
 
 def _paths(tree, prefix=()):
@@ -124,7 +126,7 @@ def mutate_bytes(data, raw: bytes, lo: int, hi: int) -> bytes:
             raw[at] = data.draw(st.integers(0, 255))
         elif op == "int":
             width = data.draw(st.sampled_from([4, 8]))
-            value = data.draw(st.sampled_from(EDGE_INTS) | st.integers(0, 2**width - 1)) % 2**(8 * width)
+            value = data.draw(st.sampled_from(EDGE_INTS) | st.integers(0, 2**width - 1)) % 2 ** (8 * width)
             raw[at : at + width] = value.to_bytes(width, "little")
         elif op == "insert":
             raw[at:at] = data.draw(st.binary(min_size=1, max_size=8))
@@ -163,7 +165,11 @@ def oracle_tensors(directory: Path) -> dict:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)
-                out[name] = (f.get_slice(name).get_dtype(), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+                out[name] = (
+                    f.get_slice(name).get_dtype(),
+                    tuple(t.shape),
+                    t.reshape(-1).view(torch.uint8).numpy().tobytes(),
+                )
     return out
 
 
@@ -258,7 +264,10 @@ def test_fuzz_index_file(sharded_dir, capsys, data):
             if op == "delete":
                 (ck / victim).unlink()
             elif op == "copy":
-                shutil.copy(ck / victim, ck / data.draw(st.sampled_from(["extra.safetensors", "model-00004-of-00003.safetensors"])))
+                shutil.copy(
+                    ck / victim,
+                    ck / data.draw(st.sampled_from(["extra.safetensors", "model-00004-of-00003.safetensors"])),
+                )
             elif op == "rename":
                 (ck / victim).rename(ck / "renamed.safetensors")
             else:
@@ -324,7 +333,9 @@ def gguf_file(tmp_path_factory):
     reader = gguf.GGUFReader(path)
     # magic, version, tensor count, key/value count: 24 bytes; then the key/value pairs; then the tensor table
     kv_region = (24, reader.tensors[0].field.offset)
-    intact = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.n_bytes)) for t in reader.tensors]
+    intact = [
+        (t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.n_bytes)) for t in reader.tensors
+    ]
     return path, kv_region, min(t.data_offset for t in reader.tensors), intact
 
 

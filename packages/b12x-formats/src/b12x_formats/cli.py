@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     def writes_to(p):  # every command that writes a checkpoint: OUT_DIR, replaced only with --force
         p.add_argument("out_dir")
         p.add_argument(
-            "--force", action="store_true", help="replace OUT_DIR if it holds a checkpoint (never an input or other data)"
+            "--force",
+            action="store_true",
+            help="replace OUT_DIR if it holds a checkpoint (never an input or other data)",
         )
 
     p = sub.add_parser("quantize", help="quantize a bf16/fp16 Hugging Face checkpoint into ModelOpt mixed precision")

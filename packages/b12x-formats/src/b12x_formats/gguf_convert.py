@@ -104,7 +104,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                     values = gguf.quants.dequantize(np.asarray(t.data), qtype)
                 data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
                 # a NaN norm or an Inf block scale would reach the model silently; bf16 can also overflow
-                require_finite(f"{gguf_path.name}: tensor {t.name!r} ({qtype.name}) decoded", data, "weights must be finite")
+                require_finite(
+                    f"{gguf_path.name}: tensor {t.name!r} ({qtype.name}) decoded", data, "weights must be finite"
+                )
             expected = _expected_shape(shapes, targets[0], experts)
             for hf_name, part in zip(targets, data if experts else [data], strict=True):
                 if passthrough:  # from_tensors also rejects non-finite block scales d

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ def open_gguf(path: str | os.PathLike):
             raise ValueError(f"{where}: data [{t.data_offset}, {t.data_offset + nbytes}) runs past the end ({size})")
         spans.append((t.data_offset, t.data_offset + nbytes, t.name))
     spans.sort()
-    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+    for (_, end, first), (start, _, second) in pairwise(spans):
         if start < end:
             raise ValueError(f"{path}: the data of tensors {first!r} and {second!r} overlap")
     return reader

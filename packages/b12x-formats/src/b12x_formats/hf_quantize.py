@@ -113,7 +113,9 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
                 try:
                     qw = quantize(to_float32(array), chosen[prefix])
                 except ValueError as err:
-                    raise ValueError(f"{ckpt.file_of(name).path}: layer {prefix!r} {list(array.shape)}: {err}") from None
+                    raise ValueError(
+                        f"{ckpt.file_of(name).path}: layer {prefix!r} {list(array.shape)}: {err}"
+                    ) from None
                 for tname, qarray in qw.tensors.items():
                     yield f"{prefix}.{tname}", qarray
             else:

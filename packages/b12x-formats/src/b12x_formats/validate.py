@@ -2,8 +2,9 @@
 belongs to a quantized layer, and layer shapes agree with what `config.json` implies (vLLM builds its layers
 from the config, so a mismatch loads nowhere).
 
-Shapes are known for the usual Hugging Face decoder names (Llama, Qwen2/3, Qwen3-MoE, Mistral ...); modules
-with other names, and configs without the needed keys, are not shape-checked.
+Shapes are checked for the model types whose module shapes follow from these keys alone (SHAPE_CHECKED:
+Llama, Mistral, Qwen2/3 and their MoE forms); other model types (e.g. DeepSeek's attention, whose o_proj
+width is heads × v_head_dim) and configs without the needed keys are not shape-checked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from .shards import FLOAT_DTYPES
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale")
+SHAPE_CHECKED = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
 def _dims(c: dict) -> dict[str, int]:
@@ -62,7 +64,7 @@ _SHAPES: list[tuple[re.Pattern, tuple[str, str]]] = [
 def config_shapes(config: dict) -> Callable[[str], tuple[tuple[int, int], str] | None]:
     """A function: module prefix -> ((rows, columns) config.json implies, which keys say so), or None."""
     config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
-    dims = _dims(config)
+    dims = _dims(config) if config.get("model_type") in SHAPE_CHECKED else {}
     names = {"q": "num_attention_heads × head_dim", "kv": "num_key_value_heads × head_dim", "hidden": "hidden_size",
              "vocab": "vocab_size", "ffn": "intermediate_size", "moe_ffn": "moe_intermediate_size",
              "shared_ffn": "shared_expert_intermediate_size", "experts": "num_experts"}  # fmt: skip
