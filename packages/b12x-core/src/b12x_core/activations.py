@@ -51,7 +51,13 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     pad = (-k) % group
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
-    return x.reshape(t, -1, group)
+    # explicit sizes, not -1: a reshape cannot infer a dimension of a 0-token (empty) tensor
+    return x.reshape(t, (k + pad) // group, group)
+
+
+def _ungrouped(g: torch.Tensor, k: int) -> torch.Tensor:
+    """[T, G, group] -> [T, K], dropping _grouped's zero padding."""
+    return g.reshape(g.shape[0], g.shape[1] * g.shape[2])[:, :k]
 
 
 def _div(t: torch.Tensor, divisor: float) -> torch.Tensor:
@@ -85,7 +91,7 @@ def quantize_activation(x: torch.Tensor, mode: str, input_scale: float | None = 
         amax = g.abs().amax(dim=2, keepdim=True)
         _, e = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
         exponent = torch.where(amax > 0, e - 1 - 8, torch.full_like(e, -127)).clamp(-127, 127)
-        return torch.ldexp(round_e4m3(torch.ldexp(g, -exponent)), exponent).reshape(t, -1)[:, :k]
+        return _ungrouped(torch.ldexp(round_e4m3(torch.ldexp(g, -exponent)), exponent), k)
     if mode == "nvfp4":
         if input_scale is None:
             raise ValueError("nvfp4 activations need the checkpoint's input_scale")
@@ -104,7 +110,7 @@ def nvfp4_values(x: torch.Tensor, input_scale: float) -> torch.Tensor:
     sf = round_e4m3(_div(g.abs().amax(dim=2, keepdim=True), 6.0) * global_scale)
     # a tensor numerator: `float / tensor` would multiply by a rounded reciprocal
     out_scale = torch.where(sf > 0, torch.full_like(sf, global_scale) / sf, torch.zeros_like(sf))
-    return (round_e2m1(g * out_scale) * sf).reshape(t, -1)[:, :k]
+    return _ungrouped(round_e2m1(g * out_scale) * sf, k)
 
 
 def fp8_operands(x: torch.Tensor, mode: str, input_scale: float | None = None):
@@ -122,6 +128,6 @@ def fp8_operands(x: torch.Tensor, mode: str, input_scale: float | None = None):
     if mode == "fp8_group128":
         g = _grouped(x, 128)
         s = _amax_scale(g.abs().amax(dim=2, keepdim=True))
-        q = (g / s).clamp(-E4M3_MAX, E4M3_MAX).reshape(t, -1)[:, :k].contiguous()
-        return q.to(torch.float8_e4m3fn), None, s.reshape(t, -1).contiguous()
+        q = _ungrouped((g / s).clamp(-E4M3_MAX, E4M3_MAX), k).contiguous()
+        return q.to(torch.float8_e4m3fn), None, s.reshape(t, s.shape[1]).contiguous()
     raise ValueError(f"{mode!r} is not an fp8 activation mode")

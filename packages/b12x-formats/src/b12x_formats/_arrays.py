@@ -40,3 +40,14 @@ def to_float32(x, what: str = "w") -> np.ndarray:
 
 def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
+
+
+def require_finite(what: str, arr: np.ndarray, rule: str, chunk: int = 1 << 24) -> None:
+    """ValueError naming `what`, its shape and the first NaN/Inf (value and index) when `arr` holds one.
+    Checked in chunks, so a multi-GB tensor needs no mask of its own size."""
+    flat = arr.reshape(-1)
+    for start in range(0, flat.size, chunk):
+        bad = np.flatnonzero(~np.isfinite(flat[start : start + chunk]))
+        if bad.size:
+            where = np.unravel_index(start + int(bad[0]), arr.shape)
+            raise ValueError(f"{what} {list(arr.shape)} holds {arr[where]} at index {[int(i) for i in where]}; {rule}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import to_float32
+from ._arrays import require_finite, to_float32
 from .quantized import QuantizedWeight, codec_for
 from .spec import Codec, FormatSpec
 
@@ -67,4 +67,9 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
     checked = QuantizedWeight.from_tensors(qw.format, qw.tensors)
     codec = codec_for(checked.format)
     *lead, n, k = checked.shape
-    return np.ascontiguousarray(codec.dequantize(checked.tensors, tuple(lead), n, k), dtype=np.float32)
+    # valid but extreme scales (E8M0 254, float32 scales near its max) can push scale × element past float32:
+    # refused below with the index, instead of numpy's warning
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(codec.dequantize(checked.tensors, tuple(lead), n, k), dtype=np.float32)
+    require_finite(f"{checked.format}: decoded weight", out, "scale × element overflows float32; no kernel can run it")
+    return out

@@ -1,9 +1,7 @@
 """Hugging Face style checkpoint directories: safetensors shards + index + config.json.
 
-Writing is atomic: everything goes into a temporary sibling directory that is renamed into place only when
-complete, so a crash never leaves a half-written checkpoint and an existing one is replaced in one step.
-Reading memory-maps the shards (the safetensors layout is an 8-byte header length, a JSON header and raw
-little-endian data); bf16 / fp8 tensors come back as ml_dtypes arrays.
+Writing is atomic and never touches anything but the output (`output.py`); reading goes through the
+`safetensors` library and honours the index (`shards.py`). bf16 / fp8 tensors come back as ml_dtypes arrays.
 """
 
 from __future__ import annotations
@@ -11,50 +9,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 from safetensors import TensorSpec, serialize_file
 from tqdm.auto import tqdm
 
 from .modelopt import QuantizationConfig, parse_quantization_config
+from .output import atomic_directory
 from .quantized import QuantizedWeight, codec_for
+from .shards import INDEX_NAME, SafetensorsFile, ShardSet, read_json  # noqa: F401  (INDEX_NAME: re-exported)
 
-INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 2 * 1024**3
-
-_SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E8M0": ml_dtypes.float8_e8m0fnu,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
-}  # fmt: skip
-
-
-@contextmanager
-def atomic_directory(out_dir: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `out_dir` when the block exits without an exception."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (CLI: --force) to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        yield tmp
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_safetensors_shards(
@@ -111,63 +78,26 @@ def _save(tensors: dict[str, np.ndarray], path: Path) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-class SafetensorsFile:
-    """Read-only, memory-mapped view of one .safetensors file."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        with open(self.path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            self.header = json.loads(f.read(header_len))
-        self.header.pop("__metadata__", None)
-        self._data_start = 8 + header_len
-
-    def keys(self) -> list[str]:
-        return list(self.header)
-
-    def dtype_name(self, name: str) -> str:
-        return self.header[name]["dtype"]
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.header[name]["shape"])
-
-    def nbytes(self, name: str) -> int:
-        start, end = self.header[name]["data_offsets"]
-        return end - start
-
-    def get(self, name: str) -> np.ndarray:
-        info = self.header[name]
-        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end == start:
-            return np.zeros(shape, dtype)
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start + start, shape=(end - start,))
-        return raw.view(dtype).reshape(shape)
-
-
 class Checkpoint:
     """A Hugging Face style checkpoint directory (one or many safetensors files, optional index)."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         config_path = self.directory / "config.json"
-        self.config: dict = json.loads(config_path.read_text()) if config_path.exists() else {}
-        files = sorted(self.directory.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{self.directory}: no .safetensors files")
-        self._files = {f.name: SafetensorsFile(f) for f in files}
-        self._where = {name: f for f in self._files.values() for name in f.keys()}
-        self.quantization = self._read_quantization()
+        self.config: dict = read_json(config_path) if config_path.exists() else {}
+        shards = ShardSet(self.directory)
+        self._files, self._where = shards.files, shards.where
+        self.quantization = self._read_quantization(config_path)
 
-    def _read_quantization(self) -> QuantizationConfig | None:
-        qc = self.config.get("quantization_config")
+    def _read_quantization(self, config_path: Path) -> QuantizationConfig | None:
+        qc, source = self.config.get("quantization_config"), config_path
         legacy = self.directory / "hf_quant_config.json"
         if qc is None and legacy.exists():
-            qc = json.loads(legacy.read_text())
-        return None if qc is None else parse_quantization_config(qc)
+            qc, source = read_json(legacy), legacy
+        try:
+            return None if qc is None else parse_quantization_config(qc)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
 
     def tensor_names(self) -> list[str]:
         return list(self._where)
@@ -216,11 +146,13 @@ def save_checkpoint(
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     desc: str = "writing",
+    inputs: Iterable[str | os.PathLike] = (),
 ) -> Path:
     """Atomically write a checkpoint: shards + index, config.json (with `quantization_config` when given),
-    hf_quant_config.json, and `extra_files` (tokenizer files etc.: bytes or a path to copy)."""
+    hf_quant_config.json, and `extra_files` (tokenizer files etc.: bytes or a path to copy). `inputs`, the
+    paths the tensors come from, are protected: OUT_DIR may not be, contain or sit inside one of them."""
     out_dir = Path(out_dir)
-    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+    with atomic_directory(out_dir, overwrite=overwrite, inputs=inputs) as tmp:
         write_safetensors_shards(tmp, tensors, total=total, max_shard_bytes=max_shard_bytes, desc=desc)
         config = dict(config)
         if quantization is not None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import traceback
 from dataclasses import asdict
 
 from .api import formats, spec
+from .output import Terminated
 
 
 def _inspect(args) -> None:
@@ -68,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def writes_to(p):  # every command that writes a checkpoint: OUT_DIR, replaced only with --force
         p.add_argument("out_dir")
-        p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="replace OUT_DIR if it holds a checkpoint (never an input or other data)",
+        )
 
     p = sub.add_parser("quantize", help="quantize a bf16/fp16 Hugging Face checkpoint into ModelOpt mixed precision")
     p.add_argument("hf_dir")
@@ -97,15 +104,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("formats", help="list the supported weight formats")
     p.set_defaults(run=_formats)
+
+    debug = "on an error, print the Python traceback too (for bug reports)"
+    parser.add_argument("--debug", action="store_true", help=debug)
+    for command in sub.choices.values():  # also after the command; SUPPRESS keeps a global --debug
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug)
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """The message of `err` on one line; exceptions that are not the documented kinds also say their type."""
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    text = "; ".join(line.strip() for line in text.splitlines() if line.strip()) or "(no message)"
+    if not isinstance(err, (ValueError, OSError, KeyError, ImportError)):
+        text = f"{type(err).__name__}: {text}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 2 with one `error:` line for any failure (never a traceback unless --debug);
+    128 + signal number when SIGTERM or Ctrl-C stopped a write (the partial output is removed first)."""
     args = build_parser().parse_args(argv)
+    where = f"b12x-formats {args.command}"
     try:
         args.run(args)
-    except (ValueError, FileExistsError, FileNotFoundError, KeyError, ImportError) as err:
-        print(f"b12x-formats {args.command}: error: {err}", file=sys.stderr)
+    except (Terminated, KeyboardInterrupt) as err:
+        print(f"{where}: error: {err or 'interrupted'}; nothing was written", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+    except Exception as err:  # bad input of any kind: one line, the traceback only on request
+        if args.debug:
+            traceback.print_exc()
+        print(f"{where}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     return 0
 

@@ -19,8 +19,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ._arrays import require_finite
 from .checkpoint import save_checkpoint
+from .gguf_file import open_gguf
 from .modelopt import QuantizationConfig
+from .output import check_output
 from .quantized import QuantizedWeight
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
@@ -49,12 +52,19 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     gguf_path = Path(gguf_path).resolve()
-    reader = gguf.GGUFReader(gguf_path)
+    check_output(out_dir, [gguf_path], overwrite)  # before minutes of work (and again when writing)
+    reader = open_gguf(gguf_path)
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"{gguf_path.name}: architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}"
         )
+    for t in reader.tensors:  # before any work: the types neither copied nor decodable by gguf
+        if t.tensor_type.name not in PASSTHROUGH and not _decodable(t.tensor_type):
+            raise ValueError(
+                f"{gguf_path.name}: tensor {t.name!r} has GGML type {t.tensor_type.name}, which convert-gguf "
+                f"cannot read (gguf-py has no decoder for it)"
+            )
 
     where = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
     config = AutoConfig.from_pretrained(**where)
@@ -90,8 +100,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
                 blocks = rows.reshape(*rows.shape[:-1], rows.shape[-1] // nbytes, nbytes)
                 data = blocks if experts else processor.process(blocks, t.name).weights
             else:
-                values = gguf.quants.dequantize(np.asarray(t.data), qtype)
+                with np.errstate(over="ignore", invalid="ignore"):  # non-finite results are refused below
+                    values = gguf.quants.dequantize(np.asarray(t.data), qtype)
                 data = (values if experts else processor.process(values, t.name).weights).astype(ml_dtypes.bfloat16)
+                # a NaN norm or an Inf block scale would reach the model silently; bf16 can also overflow
+                require_finite(
+                    f"{gguf_path.name}: tensor {t.name!r} ({qtype.name}) decoded", data, "weights must be finite"
+                )
             expected = _expected_shape(shapes, targets[0], experts)
             for hf_name, part in zip(targets, data if experts else [data], strict=True):
                 if passthrough:  # from_tensors also rejects non-finite block scales d
@@ -111,13 +126,28 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = F
     with tempfile.TemporaryDirectory() as tok_dir:
         AutoTokenizer.from_pretrained(**where).save_pretrained(tok_dir)
         extra = {p.name: p.read_bytes() for p in Path(tok_dir).iterdir() if p.is_file()}
-        # quantized_layers is filled while the tensors stream, before the config is written.
-        quant = QuantizationConfig(layers=quantized)
+        # quantized_layers is filled while the tensors stream, before the config is written. A file of
+        # F16/F32 tensors only is a plain floating-point model: no quantization_config at all.
+        copied = any(t.tensor_type.name in PASSTHROUGH for t in reader.tensors)
+        quant = QuantizationConfig(layers=quantized) if copied else None
         cfg = config.to_dict()
         cfg["torch_dtype"] = "bfloat16"
         return save_checkpoint(
-            out_dir, tensors(), cfg, quant, extra_files=extra, total=total, overwrite=overwrite, desc="converting"
-        )
+            out_dir, tensors(), cfg, quant, extra_files=extra, total=total, overwrite=overwrite, desc="converting",
+            inputs=[gguf_path],
+        )  # fmt: skip
+
+
+def _decodable(qtype) -> bool:
+    """Whether gguf-py can dequantize `qtype`, asked of gguf-py itself with one zero block."""
+    import gguf
+
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    try:
+        gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _expected_shape(shapes: dict, hf_name: str, experts) -> tuple | None:

@@ -8,19 +8,23 @@ Which modules are quantized: every 2-D `<module>.weight` of a linear layer. Norm
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ._arrays import to_float32
+from ._arrays import require_finite, to_float32
 from .api import quantize
 from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
 from .modelopt import QuantizationConfig, is_norm_module
+from .output import check_output
 from .quantized import codec_for
+from .shards import FLOAT_DTYPES
+from .validate import check_checkpoint
 
 _NOT_BY_DEFAULT = re.compile(r"(^|\.)(embed_tokens|wte|lm_head|gate|router|shared_expert_gate)$")
 
@@ -57,6 +61,16 @@ class QuantizePlan:
             return None
         return self.default
 
+    def check_globs(self, modules: Iterable[str]) -> None:
+        """Refuse a --layer / --keep glob that matches no module: a typo would otherwise quantize silently."""
+        modules = sorted(set(modules))
+        given = [(f"--layer '{g}={f}'", g) for g, f in self.rules] + [(f"--keep '{g}'", g) for g in self.keep]
+        for option, glob in given:
+            if not any(fnmatch.fnmatchcase(m, glob) for m in modules):
+                close = difflib.get_close_matches(glob, modules, n=1, cutoff=0.6)
+                hint = f" (closest module: {close[0]!r})" if close else ""
+                raise ValueError(f"{option} matches no module of the checkpoint{hint}")
+
 
 def side_files(src: Path) -> dict[str, Path]:
     """Files a converted checkpoint carries over unchanged: tokenizer, generation config, chat template..."""
@@ -67,9 +81,9 @@ def side_files(src: Path) -> dict[str, Path]:
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
     """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
     src, out = Path(src), Path(out)
-    if src.resolve() == out.resolve():
-        raise ValueError("quantize: OUT_DIR must differ from HF_DIR (inputs are never modified)")
+    check_output(out, [src], overwrite)  # before minutes of work (and again when writing)
     ckpt = Checkpoint(src)
+    check_checkpoint(ckpt)
     if ckpt.quantization is not None:
         raise ValueError(f"{src} is already quantized ({ckpt.config['quantization_config'].get('quant_algo')})")
     names = ckpt.tensor_names()
@@ -87,26 +101,43 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
                         f"choose another format for it with --layer '{prefix}=FMT' or keep it with --keep"
                     )
                 chosen[prefix] = fmt
+    plan.check_globs(name.rpartition(".")[0] for name in names)
     if not chosen:
         raise ValueError(f"{src}: no module matched; nothing to quantize")
 
     def tensors() -> Iterator[tuple[str, np.ndarray]]:
         for name in names:
             prefix = name[: -len(".weight")] if name.endswith(".weight") else None
+            array = _finite_input(ckpt, name)
             if prefix in chosen:
-                qw = quantize(to_float32(ckpt.get(name)), chosen[prefix])
-                for tname, array in qw.tensors.items():
-                    yield f"{prefix}.{tname}", array
+                try:
+                    qw = quantize(to_float32(array), chosen[prefix])
+                except ValueError as err:
+                    raise ValueError(
+                        f"{ckpt.file_of(name).path}: layer {prefix!r} {list(array.shape)}: {err}"
+                    ) from None
+                for tname, qarray in qw.tensors.items():
+                    yield f"{prefix}.{tname}", qarray
             else:
-                yield name, np.asarray(ckpt.get(name))
+                yield name, np.asarray(array)
 
     extra = side_files(src)
     config = dict(ckpt.config)
     quant = QuantizationConfig(layers=chosen)
     total = len(names) + sum(len(codec_for(f).spec.required_tensors) - 1 for f in chosen.values())
     return save_checkpoint(
-        out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing"
-    )
+        out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing",
+        inputs=[src],
+    )  # fmt: skip
+
+
+def _finite_input(ckpt: Checkpoint, name: str) -> np.ndarray:
+    """A source tensor; floating ones must be finite (a NaN would be quantized or copied into the output)."""
+    array = ckpt.get(name)
+    file = ckpt.file_of(name)
+    if file.dtype_name(name) in FLOAT_DTYPES:
+        require_finite(f"{file.path}: tensor {name!r}", array, "only finite weights can be quantized or copied")
+    return array
 
 
 def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:
@@ -117,20 +148,29 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = Fa
     from .api import dequantize
 
     src, out = Path(src), Path(out)
+    check_output(out, [src], overwrite)
     ckpt = Checkpoint(src)
+    check_checkpoint(ckpt)
     layers = ckpt.quantized_layers()
     owned = {f"{p}.{t}": p for p, f in layers.items() for t in codec_for(f).spec.tensor_names}
 
     def tensors() -> Iterator[tuple[str, np.ndarray]]:
         for prefix in layers:
-            yield f"{prefix}.weight", dequantize(ckpt.quantized_weight(prefix)).astype(ml_dtypes.bfloat16)
+            try:
+                decoded = dequantize(ckpt.quantized_weight(prefix)).astype(ml_dtypes.bfloat16)
+                # float32 values within 0.4% of its maximum round past bf16's
+                require_finite("bf16 weight", decoded, "the decoded values overflow bf16")
+            except ValueError as err:
+                raise ValueError(f"{src}: layer {prefix!r}: {err}") from None
+            yield f"{prefix}.weight", decoded
         for name in ckpt.tensor_names():
             if name not in owned:
-                yield name, np.asarray(ckpt.get(name))
+                yield name, np.asarray(_finite_input(ckpt, name))
 
     extra = side_files(src)
     config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
     total = len(layers) + sum(1 for n in ckpt.tensor_names() if n not in owned)
     return save_checkpoint(
-        out, tensors(), config, None, extra_files=extra, total=total, overwrite=overwrite, desc="dequantizing"
-    )
+        out, tensors(), config, None, extra_files=extra, total=total, overwrite=overwrite, desc="dequantizing",
+        inputs=[src],
+    )  # fmt: skip

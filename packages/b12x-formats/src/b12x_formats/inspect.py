@@ -1,4 +1,8 @@
-"""`b12x-formats inspect`: per-layer format, logical shape, bytes and bits/weight of a checkpoint or .gguf."""
+"""`b12x-formats inspect`: per-layer format, logical shape, bytes and bits/weight of a checkpoint or .gguf.
+
+Inspecting validates what it reports: every safetensors header (by the `safetensors` library: sizes equal
+dtype × shape), every quantized layer's tensors and values, and layer shapes against config.json.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint
+from .gguf_file import open_gguf
 from .quantized import codec_for
+from .validate import check_checkpoint
 
 
 @dataclass
@@ -39,6 +45,7 @@ def inspect_path(path: str | Path) -> list[Row]:
 
 def _inspect_checkpoint(path: Path) -> list[Row]:
     ckpt = Checkpoint(path)
+    check_checkpoint(ckpt)
     layers = ckpt.quantized_layers()
     rows, owned = [], set()
     for prefix, fmt in layers.items():
@@ -55,9 +62,7 @@ def _inspect_checkpoint(path: Path) -> list[Row]:
 
 
 def _inspect_gguf(path: Path) -> list[Row]:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     return [
         Row(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.n_bytes))
         for t in reader.tensors

@@ -70,8 +70,12 @@ class QuantizedWeight:
         weight = arrays["weight"]
         min_dims = 3 if spec.packing == "ggml" else 2
         if weight.ndim < min_dims:
-            codec.logical_nk(weight.shape)  # raises the format's own message
-            raise ValueError(f"{spec.name}: tensor 'weight' {list(weight.shape)} needs at least {min_dims} dims")
+            if spec.packing == "ggml":
+                codec.logical_nk(weight.shape)  # raises the block format's own message
+            raise ValueError(
+                f"{spec.name}: tensor 'weight' has shape {list(weight.shape)}; it needs at least {min_dims} dims "
+                "([..., N, K])"
+            )
         n, k = codec.logical_nk(weight.shape)
         lead = tuple(weight.shape[: weight.ndim - min_dims])
         if k % spec.k_multiple:
