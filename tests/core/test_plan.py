@@ -115,7 +115,11 @@ CANNOT = [  # (backend, query, what its reason must say)
     ("scaled_mm", query("FP8", "fp8_token", H200, n=72), r"multiples of 16"),
     ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", H200, shards=(72, 10168)), r"whole 128-blocks"),
     ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", SM120), r"not verified here"),
+    ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", H200, k=640), r"K/128 a multiple of 4"),
     ("decode_gemm", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
+    ("tensor_core", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
+    ("tensor_core", query("NVFP4", "bf16", H200, k=12), r"K % 8 == 0, K is 12"),
+    ("tensor_core", query("Q8_0", "bf16", CPU), r"needs a CUDA device, the op is on cpu"),
     ("triton_tiles", query("IQ2_XS", "bf16", CPU), r"needs a CUDA device, the op is on cpu"),
     ("reference", query("IQ2_XS", "bf16", H200), r"only when asked for with path='reference'"),
 ]
@@ -126,3 +130,23 @@ def test_can_implement_says_why_not(name, q, reason):
     cls = next(cls for cls in backends.for_op(q.op) if cls.name == name)
     ok, why = cls.can_implement(q)
     assert not ok and re.search(reason, why), why
+
+
+def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
+    """Token tiles of 8/16/32 that hold the call (or tile it), K splits within the weight's chunks, and enough
+    split-K tickets for the largest split call's output tiles."""
+    from b12x_core import mma_layout
+    from b12x_core.backends.tensor_core import TensorCoreGemm
+
+    n, k = int(rng.integers(1, 400)) * 16, int(rng.integers(1, 64)) * 128
+    q = query("NVFP4", "bf16", H200, max_tokens=300, n=n, k=k)
+    backend = TensorCoreGemm.__new__(TensorCoreGemm)
+    backends.Backend.__init__(backend, q, None)
+    ranges = backend.configs(1, 300)
+    assert ranges[0][0] == 1 and ranges[-1][1] == 300 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    chunks = -(-k // mma_layout.chunk_k("NVFP4"))
+    for lo, hi, config in ranges:
+        assert config["tokens"] in (8, 16, 32) and (hi <= config["tokens"] or config["tokens"] == 32)
+        assert 1 <= config["splits"] <= max(1, chunks // 4)
+        if config["splits"] > 1:
+            assert backend.tickets_needed >= -(-hi // config["tokens"]) * -(-n // 128)

@@ -4,6 +4,7 @@
   by each call. One buffer serves every layer of a device: calls on a stream run one after another.
 - the bf16 weight workspace: where the decode + dense GEMM backend decodes a weight before its GEMM, as large as
   the largest layer that uses it.
+- tickets: int32 counters that split-K kernels take and reset (zero at rest), as many as the largest grid needs.
 
 Outgrown buffers stay alive: a CUDA graph captured earlier may still read them.
 """
@@ -19,6 +20,7 @@ from .errors import UnsupportedError
 _ALIGN = 256
 _scratch: dict[torch.device, list[torch.Tensor]] = {}
 _weights: dict[torch.device, list[torch.Tensor]] = {}
+_tickets: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def nbytes(specs) -> int:
@@ -69,6 +71,21 @@ def weights(device: torch.device, n: int, k: int) -> torch.Tensor:
         raise UnsupportedError(f"b12x bf16 weight workspace on {device} is smaller than [{n}, {k}]: it is sized by "
                                "prepare_linear for the layers that decode into it")  # fmt: skip
     return held[-1][: n * k].view(n, k)
+
+
+def reserve_tickets(device: torch.device, count: int) -> None:
+    """Grow the device's zeroed split-K tickets to `count` counters (prepare time)."""
+    held = _tickets.setdefault(device, [])
+    if not held or held[-1].numel() < count:
+        held.append(torch.zeros(count, dtype=torch.int32, device=device))
+
+
+def tickets(device: torch.device, count: int) -> torch.Tensor:
+    """`count` zero-at-rest counters (a kernel that takes one resets it before it returns)."""
+    held = _tickets.get(device)
+    if not held or held[-1].numel() < count:
+        raise UnsupportedError(f"b12x split-K tickets on {device} hold fewer than {count}: sized by prepare_*")
+    return held[-1][:count]
 
 
 def poison(device: torch.device) -> None:

@@ -28,6 +28,7 @@ CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (p
 class TensorCoreGemm(Backend):
     name, op = "tensor_core", "linear"
     default_tokens = (1, 32)  # where it beats the GEMV and the tiles on the H200 (docs/performance.md)
+    tickets_needed = 1  # split-K tickets the largest configured call takes (configs() raises it per instance)
 
     @classmethod
     def can_implement(cls, q):
@@ -48,8 +49,6 @@ class TensorCoreGemm(Backend):
             return
         act_factor = weights.input_scale if query.act_mode in TENSOR_ACTIVATION_SCALE else 1.0
         self.shards = mma_path.prepare(weights.shards, query.device.device, float(np.float32(act_factor or 1.0)))
-        tiles = -(-query.max_tokens // 8) * -(-query.n // mma_path.ROWS_PER_CTA)
-        self.tickets = torch.zeros(tiles, dtype=torch.int32, device=query.device.device)  # zero at rest
 
     def _slots(self, mt: int) -> int:
         q = self.query
@@ -73,7 +72,15 @@ class TensorCoreGemm(Backend):
             c = mma_path.default_config(m, q.n, chunks, slots[mt])
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
-        return config_ranges(lo, hi, config_of)
+        ranges = config_ranges(lo, hi, config_of)
+        for _, last, config in ranges:  # one ticket per output tile of the largest split call
+            if config["splits"] > 1:
+                tiles = -(-last // config["tokens"]) * -(-q.n // mma_path.ROWS_PER_CTA)
+                self.tickets_needed = max(self.tickets_needed, tiles)
+        return ranges
+
+    def reserve(self):
+        workspace.reserve_tickets(self.query.device.device, self.tickets_needed)
 
     def _partials(self, tokens, config) -> list:
         return [((config["splits"] * tokens * self.query.n,), torch.float32)] if config["splits"] > 1 else []
@@ -91,8 +98,9 @@ class TensorCoreGemm(Backend):
         y = torch.empty(m, q.n, dtype=torch.bfloat16, device=x2.device)
         if bias is not None and bias.dtype != torch.bfloat16:
             bias = bias.to(torch.bfloat16)
-        partials = carved[-1] if config["splits"] > 1 else self.tickets.view(torch.float32)
-        ws = mma_path.MmaWorkspace(partials, self.tickets)
+        tickets = workspace.tickets(x2.device, self.tickets_needed)
+        partials = carved[-1] if config["splits"] > 1 else tickets.view(torch.float32)  # unread without splits
+        ws = mma_path.MmaWorkspace(partials, tickets)
         mc = mma_path.MmaConfig(config["tokens"] // 8, config["splits"])
         mma_path.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
         return y
