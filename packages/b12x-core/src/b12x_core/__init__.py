@@ -10,6 +10,7 @@ from .embedding import PreparedEmbedding, embedding, prepare_embedding
 from .errors import UnsupportedError
 from .linear import PreparedLinear, linear, prepare_linear
 from .moe import PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
+from .tied import prepare_tied_linear
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "prepare_embedding",
     "prepare_linear",
     "prepare_moe",
+    "prepare_tied_linear",
     "quantize_activation",
     "route_topk",
     "shard_moe_weights",

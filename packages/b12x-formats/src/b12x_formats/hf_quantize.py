@@ -1,4 +1,7 @@
-"""Quantize a floating-point Hugging Face checkpoint into a ModelOpt mixed-precision one (and decode one back).
+"""Quantize a Hugging Face checkpoint into a ModelOpt mixed-precision one (and decode one back).
+
+The input may already hold layers in b12x formats (a converted GGUF, an earlier `quantize`): those are kept
+byte for byte unless a `--layer` rule asks for another format (layer_choice.py).
 
 Which modules are quantized: every 2-D `<module>.weight` of a linear layer. Norms, biases, MoE routers
 (`...mlp.gate`, `...router`), embeddings and `lm_head` stay as they are unless a `--layer` rule names them
@@ -17,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ._arrays import to_float32
-from .api import quantize
-from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
+from .api import dequantize, quantize
+from .checkpoint import INDEX_NAME, Checkpoint, quantized_tensors, save_checkpoint
+from .layer_choice import choose_layers, owned_tensors
 from .modelopt import QuantizationConfig, is_norm_module
 from .quantized import codec_for
 
@@ -65,45 +69,40 @@ def side_files(src: Path) -> dict[str, Path]:
 
 
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
-    """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
+    """Read `src` (bf16/fp16/fp32 safetensors, possibly with layers already in b12x formats: layer_choice.py),
+    quantize per `plan`, write `out` atomically. `src` is only read."""
     src, out = Path(src), Path(out)
     if src.resolve() == out.resolve():
         raise ValueError("quantize: OUT_DIR must differ from HF_DIR (inputs are never modified)")
     ckpt = Checkpoint(src)
-    if ckpt.quantization is not None:
-        raise ValueError(f"{src} is already quantized ({ckpt.config['quantization_config'].get('quant_algo')})")
-    names = ckpt.tensor_names()
-    chosen: dict[str, str] = {}
-    for name in names:
-        if name.endswith(".weight"):
-            prefix = name[: -len(".weight")]
-            fmt = plan.format_for(prefix, ckpt.file_of(name).shape(name))
-            if fmt is not None:
-                k = ckpt.file_of(name).shape(name)[-1]
-                multiple = codec_for(fmt).spec.k_multiple
-                if k % multiple:
-                    raise ValueError(
-                        f"{prefix}: K={k} is not a multiple of {multiple}, the group size of {fmt}; "
-                        f"choose another format for it with --layer '{prefix}=FMT' or keep it with --keep"
-                    )
-                chosen[prefix] = fmt
-    if not chosen:
+    choices = choose_layers(ckpt, plan)
+    if not any(c.action != "keep" for c in choices.values()):
         raise ValueError(f"{src}: no module matched; nothing to quantize")
+    names = ckpt.tensor_names()
+    owned = owned_tensors(ckpt.quantized_layers())
+
+    def choice_of(name: str):
+        return choices.get(owned.get(name) or name.removesuffix(".weight"))
 
     def tensors() -> Iterator[tuple[str, np.ndarray]]:
         for name in names:
-            prefix = name[: -len(".weight")] if name.endswith(".weight") else None
-            if prefix in chosen:
-                qw = quantize(to_float32(ckpt.get(name)), chosen[prefix])
-                for tname, array in qw.tensors.items():
-                    yield f"{prefix}.{tname}", array
-            else:
-                yield name, np.asarray(ckpt.get(name))
+            choice = choice_of(name)
+            if choice is None or choice.action == "keep":
+                yield name, np.asarray(ckpt.get(name))  # floating point as it is, or b12x blocks byte for byte
+            elif name == f"{choice.prefix}.weight":  # a module's other tensors (scales) go with its weight
+                if choice.action == "requantize":
+                    w = dequantize(ckpt.quantized_weight(choice.prefix, choice.source))
+                else:
+                    w = to_float32(ckpt.get(name))
+                yield from quantized_tensors(choice.prefix, quantize(w, choice.target))
 
     extra = side_files(src)
     config = dict(ckpt.config)
-    quant = QuantizationConfig(layers=chosen)
-    total = len(names) + sum(len(codec_for(f).spec.required_tensors) - 1 for f in chosen.values())
+    config.pop("quantization_config", None)  # replaced by the output's own (save_checkpoint)
+    quant = QuantizationConfig(layers={p: c.target for p, c in choices.items()})
+    changed = [c for c in choices.values() if c.action != "keep"]
+    replaced = sum(1 for n in names if (c := choice_of(n)) is not None and c.action != "keep")
+    total = len(names) - replaced + sum(len(codec_for(c.target).spec.required_tensors) for c in changed)
     return save_checkpoint(
         out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing"
     )
@@ -113,8 +112,6 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = Fa
     """The float twin of a quantized checkpoint: every quantized module decoded exactly, stored as bf16
     (float32 decode rounded once), everything else copied; no quantization_config. `src` is only read."""
     import ml_dtypes
-
-    from .api import dequantize
 
     src, out = Path(src), Path(out)
     ckpt = Checkpoint(src)
