@@ -59,7 +59,8 @@ def test_quantize_keeps_b12x_layers_and_requantizes_only_when_asked(tmp_path, mi
     np.testing.assert_array_equal(raw(ck.get("model.layers.0.mlp.down_proj.weight")), raw(expected))
     # floating-point layers: as bf.quantize makes them
     w = src.get("model.layers.1.mlp.down_proj.weight").astype(np.float32)
-    np.testing.assert_array_equal(raw(ck.get("model.layers.1.mlp.down_proj.weight")), raw(bf.quantize(w, "Q8_0").tensors["weight"]))
+    expected = bf.quantize(w, "Q8_0").tensors["weight"]
+    np.testing.assert_array_equal(raw(ck.get("model.layers.1.mlp.down_proj.weight")), raw(expected))
     assert ck.get("model.norm.weight").dtype == ml_dtypes.bfloat16
     assert "kept byte-exact: IQ2_XS 2, Q8_0 1" in printed
     assert "model.layers.0.mlp.down_proj: IQ2_XS -> Q8_0" in printed
@@ -71,7 +72,8 @@ def test_quantize_mixed_input_errors_name_the_layer(tmp_path, mixed, capsys):
     save_checkpoint(tmp_path / "odd", llama_tensors(cfg).items(), cfg)
     assert main(["quantize", str(tmp_path / "odd"), str(tmp_path / "q8"), "--layer", "*.o_proj=Q8_0"]) == 0
     capsys.readouterr()
-    rc = main(["quantize", str(tmp_path / "q8"), str(tmp_path / "bad"), "--default", "Q8_0", "--layer", "*.0.self_attn.o_proj=IQ2_XS"])
+    rule = "*.0.self_attn.o_proj=IQ2_XS"
+    rc = main(["quantize", str(tmp_path / "q8"), str(tmp_path / "bad"), "--default", "Q8_0", "--layer", rule])
     assert rc == 2 and not (tmp_path / "bad").exists()
     assert (
         "model.layers.0.self_attn.o_proj: K=160 is not a multiple of 256, the group size of IQ2_XS; choose another "

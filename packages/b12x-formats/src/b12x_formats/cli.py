@@ -82,10 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quantize", help="quantize a Hugging Face checkpoint (float, or with b12x layers) into ModelOpt")
     p.add_argument("hf_dir")
     writes_to(p)
-    p.add_argument(
-        "--default", metavar="FMT", help=f"format of linear layers no --layer rule names (omit: they stay as they are): "
-        f"{', '.join(formats())}"
-    )
+    p.add_argument("--default", metavar="FMT", help=f"format of unnamed linear layers: {', '.join(formats())}")
     p.add_argument(
         "--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins"
     )

@@ -40,7 +40,8 @@ def run_model(
         cmd += ["--chat", chat] if chat else []
         cmd += ["--speed-runs", str(speed_runs)] if speed_runs else []
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f, tqdm(desc=desc or f"vLLM: {model}", bar_format="{desc} {elapsed}", leave=False) as bar:
+        bar = tqdm(desc=desc or f"vLLM: {model}", bar_format="{desc} {elapsed}", leave=False)
+        with open(log, "a") as f, bar:
             f.write(f"\n==== {' '.join(cmd)}\n")
             f.flush()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)

