@@ -24,13 +24,13 @@ def test_mix_takes_iq2_only_where_k_allows(tmp_path):
     # SmolLM2's shape problem in small: hidden 160 is no multiple of 256, the MLP's 512 is
     cfg = dict(TINY_LLAMA, hidden_size=160, num_attention_heads=2, num_key_value_heads=1, head_dim=80)
     save_checkpoint(tmp_path / "hf", llama_tensors(cfg).items(), cfg)
-    assert dict(demo.mix_rules(tmp_path / "hf")) == {
-        "*.mlp.down_proj": "IQ2_XS",
-        "*.self_attn.[qkv]_proj": "FP8",
-        "*.self_attn.o_proj": "Q8_0",
-        "*.mlp.gate_proj": "NVFP4",
-        "*.mlp.up_proj": "NVFP4",
-    }
+    assert demo.mix_rules(tmp_path / "hf") == [
+        ("*.self_attn.[qkv]_proj", "FP8"),
+        ("*.self_attn.o_proj", "MXFP4"),
+        ("*.mlp.[gu]*_proj", "NVFP4"),
+        ("model.layers.[0-4].mlp.down_proj", "IQ2_XS"),
+        ("*.mlp.down_proj", "Q8_0"),
+    ]
     cfg = dict(cfg, intermediate_size=288)  # down_proj's K = 288: IQ2 no longer fits, Q8_0 does
     save_checkpoint(tmp_path / "hf2", llama_tensors(cfg).items(), cfg)
-    assert dict(demo.mix_rules(tmp_path / "hf2"))["*.mlp.down_proj"] == "Q8_0"
+    assert dict(demo.mix_rules(tmp_path / "hf2"))["model.layers.[0-4].mlp.down_proj"] == "Q8_0"
