@@ -34,3 +34,22 @@ def test_mix_takes_iq2_only_where_k_allows(tmp_path):
     cfg = dict(cfg, intermediate_size=288)  # down_proj's K = 288: IQ2 no longer fits, Q8_0 does
     save_checkpoint(tmp_path / "hf2", llama_tensors(cfg).items(), cfg)
     assert dict(demo.mix_rules(tmp_path / "hf2"))["model.layers.[0-4].mlp.down_proj"] == "Q8_0"
+
+
+def test_eval_missing_path_is_one_clear_line(tmp_path, capsys):
+    from b12x_vllm import eval as b12x_eval
+
+    assert b12x_eval.main([str(tmp_path / "model"), "--text", str(b12x_eval.PARAGRAPH)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"b12x-eval: error: {tmp_path / 'model'} does not exist\n"
+
+
+def test_eval_table_shows_the_ratio_to_the_first_checkpoint():
+    from b12x_vllm.eval import PARAGRAPH, render
+
+    rows = [{"model": "bf16", "quantization": None, "tokens": 294, "perplexity": 26.4},
+            {"model": "b12x", "quantization": "b12x", "tokens": 294, "perplexity": 39.6}]  # fmt: skip
+    lines = render(rows, PARAGRAPH).splitlines()
+    assert "294 tokens scored" in lines[0]
+    assert lines[2].split() == ["bf16", "none", "294", "26.400"]
+    assert lines[3].split() == ["b12x", "b12x", "294", "39.600", "×1.500"]
