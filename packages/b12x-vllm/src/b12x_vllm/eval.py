@@ -40,13 +40,14 @@ def run_model(
         cmd += ["--chat", chat] if chat else []
         cmd += ["--speed-runs", str(speed_runs)] if speed_runs else []
         log.parent.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(desc=desc or f"vLLM: {model}", bar_format="{desc} {elapsed}", leave=False)
+        # elapsed time while vLLM starts and runs (not on a non-terminal: disable=None)
+        bar = tqdm(desc=desc or f"vLLM: {model}", bar_format="{desc} {elapsed}", leave=False, disable=None)
         with open(log, "a") as f, bar:
             f.write(f"\n==== {' '.join(cmd)}\n")
             f.flush()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
             while proc.poll() is None:
-                time.sleep(0.5)
+                time.sleep(1)
                 bar.refresh()
         if proc.returncode != 0 or not out.exists():
             raise EngineError(f"vLLM failed on {model} (exit {proc.returncode}); its output is in {log}")
