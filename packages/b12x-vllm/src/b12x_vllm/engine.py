@@ -31,6 +31,13 @@ def load(model: str, max_model_len: int):
     )  # fmt: skip
 
 
+def default_context(model: Path) -> int:
+    """1024 tokens, or fewer where the model's config says so: enough for the paragraph, the chat and the timing
+    runs, and a KV cache that fits VLLM_CPU_KVCACHE_SPACE=1 (GiB) for any model."""
+    config = json.loads((model / "config.json").read_text()) if (model / "config.json").exists() else {}
+    return min(1024, int(config.get("max_position_embeddings") or 1024))
+
+
 def token_ids(llm, text: str) -> list[int]:
     """The text as the model reads it: the tokenizer's own special tokens (a BOS where the model uses one)."""
     return list(llm.get_tokenizer()(text).input_ids)
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text", type=Path, help="score this text's perplexity")
     parser.add_argument("--chat", help="answer this question with the model's chat template (greedy)")
     parser.add_argument("--speed-runs", type=int, default=0, help="warmed tokens/s runs (0: none)")
-    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-model-len", type=int, help="context per request (default: 1024 or the model's)")
     args = parser.parse_args(argv)
 
     for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -93,13 +100,14 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(key, value)
     from . import report
 
+    max_model_len = args.max_model_len or default_context(Path(args.model))
     start = time.perf_counter()
-    llm = load(args.model, args.max_model_len)
+    llm = load(args.model, max_model_len)
     result: dict = {"model": args.model, "load_s": time.perf_counter() - start}
     result["quantization"] = llm.llm_engine.vllm_config.model_config.quantization
     if args.text:
         ids = token_ids(llm, args.text.read_text())
-        scores = token_logprobs(llm, ids, args.max_model_len)
+        scores = token_logprobs(llm, ids, max_model_len)
         result |= {"perplexity": perplexity(scores), "tokens": len(scores), "token_ids": ids, "logprobs": scores}
     if args.chat:
         result["chat"] = {"question": args.chat, "answer": chat(llm, args.chat)}
