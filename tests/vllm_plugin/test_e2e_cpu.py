@@ -141,6 +141,26 @@ def test_mixed_precision_model_matches_its_float_twin(tmp_path, rng, arch, defau
     compare(ours, ref, moe=arch == "qwen3_moe")
 
 
+def test_tied_lm_head_runs_over_the_quantized_embedding(tmp_path, rng):
+    """tie_word_embeddings with a Q8_0 embedding: the head is a b12x linear over the embedding's bytes (vLLM's float
+    head cannot multiply GGML blocks), and the model matches its float twin, whose head vLLM ties as usual."""
+    from b12x_formats.checkpoint import save_checkpoint
+    from b12x_formats.example import TINY_LLAMA, llama_tensors
+
+    config = dict(TINY_LLAMA, tie_word_embeddings=True)
+    tensors = llama_tensors(config, seed=int(rng.integers(1 << 30)))
+    del tensors["lm_head.weight"]  # tied checkpoints store the matrix once, as the embedding
+    save_checkpoint(tmp_path / "hf", tensors.items(), config)
+    layers = ["model.embed_tokens=Q8_0", "*.mlp.down_proj=IQ2_XS"]
+    args = ["quantize", str(tmp_path / "hf"), str(tmp_path / "b12x"), "--default", "NVFP4"]
+    assert formats_cli(args + [a for rule in layers for a in ("--layer", rule)]) == 0
+    assert formats_cli(["dequantize", str(tmp_path / "b12x"), str(tmp_path / "float")]) == 0
+    ours = run_vllm(tmp_path / "b12x", tmp_path / "ours.json")
+    heads = [(row["layer"], row["count"], row["runs"]) for row in ours["layers"] if row["layer"].startswith("lm_head")]
+    assert heads == [("lm_head (tied to model.embed_tokens)", 1, "linear Q8_0 × bf16 -> reference")], ours["layers"]
+    compare(ours, run_vllm(tmp_path / "float", tmp_path / "ref.json"))
+
+
 TP_LAYERS = [  # per-rank K stays a multiple of every group: o_proj (K=256) and down_proj (K=512) split in two
     "model.layers.0.self_attn.[qkv]_proj=MXFP4", "model.layers.1.self_attn.[qkv]_proj=FP8",
     "model.layers.0.self_attn.o_proj=NVFP4", "model.layers.1.self_attn.o_proj=Q8_0",

@@ -11,6 +11,7 @@ from .errors import UnsupportedError
 from .linear import PreparedLinear, linear, prepare_linear
 from .moe import MOE_FORMATS, PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
 from .weights import input_scale_of
+from .tied import prepare_tied_linear
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "prepare_embedding",
     "prepare_linear",
     "prepare_moe",
+    "prepare_tied_linear",
     "quantize_activation",
     "route_topk",
     "shard_moe_weights",

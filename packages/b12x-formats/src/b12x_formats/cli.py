@@ -28,7 +28,16 @@ def _quantize(args) -> None:
 
     plan = QuantizePlan.from_cli(args.default, args.layer, args.keep)
     out = quantize_checkpoint(args.hf_dir, args.out_dir, plan, overwrite=args.force)
+    print(quantize_summary(args.hf_dir, plan))
     print(f"wrote {out}")
+
+
+def quantize_summary(src, plan) -> str:
+    """What quantize did to each module of `src`: quantized, kept byte-exact, decoded and re-quantized."""
+    from .checkpoint import Checkpoint
+    from .layer_choice import choose_layers, summary
+
+    return summary(choose_layers(Checkpoint(src), plan))
 
 
 def _convert_gguf(args) -> None:
@@ -77,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="replace OUT_DIR if it holds a checkpoint (never an input or other data)",
         )
 
-    p = sub.add_parser("quantize", help="quantize a bf16/fp16 Hugging Face checkpoint into ModelOpt mixed precision")
+    p = sub.add_parser("quantize", help="quantize a Hugging Face checkpoint (float, or with b12x layers) into ModelOpt")
     p.add_argument("hf_dir")
     writes_to(p)
-    p.add_argument("--default", required=True, metavar="FMT", help=f"format of linear layers: {', '.join(formats())}")
+    p.add_argument("--default", metavar="FMT", help=f"format of unnamed linear layers: {', '.join(formats())}")
     p.add_argument(
         "--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins"
     )

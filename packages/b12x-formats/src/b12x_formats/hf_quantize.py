@@ -1,4 +1,7 @@
-"""Quantize a floating-point Hugging Face checkpoint into a ModelOpt mixed-precision one (and decode one back).
+"""Quantize a Hugging Face checkpoint into a ModelOpt mixed-precision one (and decode one back).
+
+The input may already hold layers in b12x formats (a converted GGUF, an earlier `quantize`): those are kept
+byte for byte unless a `--layer` rule asks for another format (layer_choice.py).
 
 Which modules are quantized: every 2-D `<module>.weight` of a linear layer. Norms, biases, MoE routers
 (`...mlp.gate`, `...router`), embeddings and `lm_head` stay as they are unless a `--layer` rule names them
@@ -18,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ._arrays import require_finite, to_float32
-from .api import quantize
-from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
+from .api import dequantize, quantize
+from .checkpoint import INDEX_NAME, Checkpoint, quantized_tensors, save_checkpoint
+from .layer_choice import choose_layers, owned_tensors
 from .modelopt import QuantizationConfig, is_norm_module
 from .output import check_output
 from .quantized import codec_for
@@ -79,52 +83,45 @@ def side_files(src: Path) -> dict[str, Path]:
 
 
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
-    """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
+    """Read `src` (bf16/fp16/fp32 safetensors, possibly with layers already in b12x formats: layer_choice.py),
+    quantize per `plan`, write `out` atomically. `src` is only read."""
     src, out = Path(src), Path(out)
     check_output(out, [src], overwrite)  # before minutes of work (and again when writing)
     ckpt = Checkpoint(src)
     check_checkpoint(ckpt)
-    if ckpt.quantization is not None:
-        raise ValueError(f"{src} is already quantized ({ckpt.config['quantization_config'].get('quant_algo')})")
-    names = ckpt.tensor_names()
-    chosen: dict[str, str] = {}
-    for name in names:
-        if name.endswith(".weight"):
-            prefix = name[: -len(".weight")]
-            fmt = plan.format_for(prefix, ckpt.file_of(name).shape(name))
-            if fmt is not None:
-                k = ckpt.file_of(name).shape(name)[-1]
-                multiple = codec_for(fmt).spec.k_multiple
-                if k % multiple:
-                    raise ValueError(
-                        f"{prefix}: K={k} is not a multiple of {multiple}, the group size of {fmt}; "
-                        f"choose another format for it with --layer '{prefix}=FMT' or keep it with --keep"
-                    )
-                chosen[prefix] = fmt
-    plan.check_globs(name.rpartition(".")[0] for name in names)
-    if not chosen:
+    choices = choose_layers(ckpt, plan)
+    plan.check_globs(name.rpartition(".")[0] for name in ckpt.tensor_names())
+    if not any(c.action != "keep" for c in choices.values()):
         raise ValueError(f"{src}: no module matched; nothing to quantize")
+    names = ckpt.tensor_names()
+    owned = owned_tensors(ckpt.quantized_layers())
+
+    def choice_of(name: str):
+        return choices.get(owned.get(name) or name.removesuffix(".weight"))
 
     def tensors() -> Iterator[tuple[str, np.ndarray]]:
         for name in names:
-            prefix = name[: -len(".weight")] if name.endswith(".weight") else None
-            array = _finite_input(ckpt, name)
-            if prefix in chosen:
+            choice = choice_of(name)
+            if choice is None or choice.action == "keep":
+                yield name, np.asarray(_finite_input(ckpt, name))  # floating as it is, or b12x blocks byte for byte
+            elif name == f"{choice.prefix}.weight":  # a module's other tensors (scales) go with its weight
                 try:
-                    qw = quantize(to_float32(array), chosen[prefix])
+                    if choice.action == "requantize":
+                        w = dequantize(ckpt.quantized_weight(choice.prefix, choice.source))
+                    else:
+                        w = to_float32(_finite_input(ckpt, name))
+                    qw = quantize(w, choice.target)
                 except ValueError as err:
-                    raise ValueError(
-                        f"{ckpt.file_of(name).path}: layer {prefix!r} {list(array.shape)}: {err}"
-                    ) from None
-                for tname, qarray in qw.tensors.items():
-                    yield f"{prefix}.{tname}", qarray
-            else:
-                yield name, np.asarray(array)
+                    raise ValueError(f"{ckpt.file_of(name).path}: layer {choice.prefix!r}: {err}") from None
+                yield from quantized_tensors(choice.prefix, qw)
 
     extra = side_files(src)
     config = dict(ckpt.config)
-    quant = QuantizationConfig(layers=chosen)
-    total = len(names) + sum(len(codec_for(f).spec.required_tensors) - 1 for f in chosen.values())
+    config.pop("quantization_config", None)  # replaced by the output's own (save_checkpoint)
+    quant = QuantizationConfig(layers={p: c.target for p, c in choices.items()})
+    changed = [c for c in choices.values() if c.action != "keep"]
+    replaced = sum(1 for n in names if (c := choice_of(n)) is not None and c.action != "keep")
+    total = len(names) - replaced + sum(len(codec_for(c.target).spec.required_tensors) for c in changed)
     return save_checkpoint(
         out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing",
         inputs=[src],
@@ -144,8 +141,6 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = Fa
     """The float twin of a quantized checkpoint: every quantized module decoded exactly, stored as bf16
     (float32 decode rounded once), everything else copied; no quantization_config. `src` is only read."""
     import ml_dtypes
-
-    from .api import dequantize
 
     src, out = Path(src), Path(out)
     check_output(out, [src], overwrite)

@@ -71,12 +71,16 @@ class B12xConfig(QuantizationConfig):
 
         from .linear import B12xEmbeddingMethod, B12xLinearMethod
         from .moe import B12xMoEMethod
+        from .tied import B12xLMHeadMethod
 
         if isinstance(layer, (LinearBase, ParallelLMHead)):
             fmt = self.quant.format_for(prefix)
+            if fmt is None and isinstance(layer, ParallelLMHead):
+                return B12xLMHeadMethod()  # vLLM's own unless tied to a b12x embedding (tied.py)
             return UnquantizedLinearMethod() if fmt is None else B12xLinearMethod(fmt, prefix)
         if isinstance(layer, VocabParallelEmbedding):
-            fmt = self.quant.format_for(prefix or self._embedding_prefix())
+            prefix = prefix or self._embedding_prefix()
+            fmt = self.quant.format_for(prefix)
             if fmt is None:
                 return None
             if fmt != "Q8_0":

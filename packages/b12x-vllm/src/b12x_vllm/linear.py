@@ -20,6 +20,7 @@ import b12x_formats as bf
 from . import report
 from ._params import is_per_tensor, max_tokens_from_vllm, quantized_shards, tensor_layout
 from ._reload import keep_addresses
+from .tied import ties_embeddings
 
 
 def register_tensors(layer, fmt: str, n: int, k: int, shards: int, weight_loader, prefix: str) -> None:
@@ -72,7 +73,7 @@ class B12xLinearMethod(LinearMethodBase):
 
 
 class B12xEmbeddingMethod(QuantizeMethodBase):
-    """Q8_0 `VocabParallelEmbedding` (and, when tied, the LM head that reuses it)."""
+    """Q8_0 `VocabParallelEmbedding` (and, when tied, the LM head that reuses its bytes: tied.py)."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -90,8 +91,10 @@ class B12xEmbeddingMethod(QuantizeMethodBase):
         embedding = bc.prepare_embedding(qw, device=layer.weight.device)
         layer.b12x_embedding = keep_addresses(getattr(layer, "b12x_embedding", None), embedding)
         report.record(self.prefix or "embed_tokens", layer.b12x_embedding)
-        prepared = bc.prepare_linear(qw, device=layer.weight.device, max_tokens=max_tokens_from_vllm())
-        layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
+        if ties_embeddings(layer):  # the LM head reads these bytes too, as a linear layer (tied.py)
+            prepared = bc.prepare_tied_linear(layer.b12x_embedding, max_tokens=max_tokens_from_vllm())
+            layer.b12x_linear = keep_addresses(getattr(layer, "b12x_linear", None), prepared)
+            report.record("lm_head (tied to " + (self.prefix or "embed_tokens") + ")", layer.b12x_linear)
 
     def embedding(self, layer, input_: torch.Tensor) -> torch.Tensor:
         return bc.embedding(input_, layer.b12x_embedding)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 
 logger = logging.getLogger("b12x_vllm")
@@ -29,3 +30,36 @@ def describe(prepared) -> str:
 def summary() -> dict[str, int]:
     """How many layers run each (op, format × activation -> path) in this process."""
     return dict(sorted(Counter(describe(p) for _, p in _prepared).items()))
+
+
+def layer_types() -> list[dict]:
+    """One row per layer type (layer numbers folded to '*'): how many layers, what runs them, and the reason
+    dispatch gave: e.g. {'layer': 'model.layers.*.mlp.down_proj', 'count': 30, 'runs': 'linear IQ2_XS × bf16 ->
+    reference', 'why': 'exact reference (dequantize, float32 matmul, one bf16 rounding)'}."""
+    rows: dict[tuple[str, str], dict] = {}
+    for prefix, prepared in _prepared:
+        layer = re.sub(r"\.\d+\.", ".*.", prefix)
+        row = rows.setdefault((layer, describe(prepared)), {"layer": layer, "count": 0, "runs": describe(prepared)})
+        row["count"] += 1
+        row["why"] = why(prepared)
+    return list(rows.values())
+
+
+def why(prepared) -> str:
+    """The reason dispatch gave for the path that runs this layer."""
+    from b12x_core.dispatch import reasons
+
+    return next(reason for name, _, reason in reasons(prepared.query) if name == prepared.path)
+
+
+def reason_line() -> str:
+    """One line on why the layers run where they do."""
+    if _prepared and all(p.path == "reference" and p.device.type == "cpu" for _, p in _prepared):
+        from b12x_core.cuda_paths import kernels_unavailable
+
+        cuda = kernels_unavailable() or "the model's tensors are on the CPU"
+        return (
+            "every op runs b12x_core's exact reference (exact dequantize, float32 matmul, one bf16 rounding): "
+            f"b12x's kernels are CUDA kernels and this run is on the CPU ({cuda})"
+        )
+    return "each layer runs the first b12x path that can take its format × activation on its device (bc.explain)"

@@ -1,0 +1,46 @@
+"""A tied LM head: `prepare_tied_linear` runs the linear over a prepared embedding's bytes."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+import b12x_core as bc
+import b12x_formats as bf
+
+
+def q8_0(rng, v, h):
+    return bf.quantize((rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float32), "Q8_0")
+
+
+def test_tied_head_computes_the_embedding_matrix_as_a_linear(rng):
+    qw = q8_0(rng, 300, 96)
+    emb = bc.prepare_embedding(qw)
+    head = bc.prepare_tied_linear(emb, max_tokens=16)
+    assert (head.format, head.n, head.k, head.max_tokens) == ("Q8_0", 300, 96, 16)
+    x = torch.from_numpy(rng.standard_normal((5, 96)).astype(np.float32)).to(torch.bfloat16)
+    y = bc.linear(x, head)
+    # oracle: gguf's own Q8_0 decode, float64 matmul; the head rounds once to bf16 (half an ulp, 2^-9 relative)
+    table = gguf.quants.dequantize(qw.tensors["weight"].reshape(300, -1), gguf.GGMLQuantizationType.Q8_0)
+    ref = x.double().numpy() @ table.astype(np.float64).T
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=2**-8, atol=1e-6)
+    # the same result as a head prepared from the checkpoint weight itself
+    assert torch.equal(y, bc.linear(x, bc.prepare_linear(qw, max_tokens=16)))
+
+
+def test_tied_head_rejects_other_inputs(rng):
+    with pytest.raises(bc.UnsupportedError, match="takes a PreparedEmbedding, got PreparedLinear"):
+        bc.prepare_tied_linear(bc.prepare_linear(q8_0(rng, 8, 32)))
+
+
+@pytest.mark.gpu
+def test_tied_head_shares_the_embedding_bytes_on_cuda(rng):
+    qw = q8_0(rng, 4096, 576)  # SmolLM2's hidden size: K = 18 blocks
+    emb = bc.prepare_embedding(qw, device="cuda")
+    head = bc.prepare_tied_linear(emb, max_tokens=256)
+    own = bc.prepare_linear(qw, device="cuda", max_tokens=256)
+    shared = [t for t in (head.blocks, head.tiles.weight if head.tiles is not None else None) if t is not None]
+    assert shared and all(t.data_ptr() == emb.blocks.data_ptr() for t in shared)
+    for m in (1, 7, 256):  # GEMV and tiles
+        x = torch.randn(m, 576, dtype=torch.bfloat16, device="cuda")
+        assert torch.equal(bc.linear(x, head), bc.linear(x, own))
