@@ -24,28 +24,31 @@ extern template int blocks_per_sm_cfg<FmtIQ2<true>>(int, int);
 
 using namespace mma;
 
+namespace {
+// fn(F{}) for the decode functor F of a format number (FMT_*), or `fallback` for an unknown number.
+template <class R, class Fn>
+R with_format(int format, R fallback, Fn&& fn) {
+  switch (format) {
+    case FMT_FP8: return fn(FmtFP8{});
+    case FMT_FP8_BLOCK: return fn(FmtFP8Block{});
+    case FMT_MXFP8: return fn(FmtMXFP8{});
+    case FMT_NVFP4: return fn(FmtFP4<true>{});
+    case FMT_MXFP4: return fn(FmtFP4<false>{});
+    case FMT_Q8_0: return fn(FmtQ8_0{});
+    case FMT_IQ2_XXS: return fn(FmtIQ2<false>{});
+    case FMT_IQ2_XS: return fn(FmtIQ2<true>{});
+    default: return fallback;
+  }
+}
+}  // namespace
+
 int mma_blocks_per_sm(int format, int mt, int rt) {
   if ((mt != 1 && mt != 2 && mt != 4) || (rt != 1 && rt != 2)) return 0;
-  switch (format) {
-    case FMT_FP8: return blocks_per_sm_cfg<FmtFP8>(mt, rt);
-    case FMT_FP8_BLOCK: return blocks_per_sm_cfg<FmtFP8Block>(mt, rt);
-    case FMT_MXFP8: return blocks_per_sm_cfg<FmtMXFP8>(mt, rt);
-    case FMT_NVFP4: return blocks_per_sm_cfg<FmtFP4<true>>(mt, rt);
-    case FMT_MXFP4: return blocks_per_sm_cfg<FmtFP4<false>>(mt, rt);
-    case FMT_Q8_0: return blocks_per_sm_cfg<FmtQ8_0>(mt, rt);
-    case FMT_IQ2_XXS: return blocks_per_sm_cfg<FmtIQ2<false>>(mt, rt);
-    case FMT_IQ2_XS: return blocks_per_sm_cfg<FmtIQ2<true>>(mt, rt);
-    default: return 0;
-  }
+  return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt); });
 }
 
 int mma_chunk_k(int format) {
-  switch (format) {
-    case FMT_FP8: case FMT_FP8_BLOCK: case FMT_MXFP8: case FMT_Q8_0: return 64;
-    case FMT_NVFP4: case FMT_MXFP4: return 128;
-    case FMT_IQ2_XXS: case FMT_IQ2_XS: return 256;
-    default: return 0;
-  }
+  return with_format(format, 0, [](auto f) { return decltype(f)::KB; });
 }
 
 cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
@@ -70,18 +73,9 @@ cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
   p.chunks_per_split = (a.chunks + a.splits - 1) / a.splits;
   p.partials = a.partials;
   p.tickets = a.tickets;
-  const int nblocks = (p.n16 + 7) / 8;  // 128 rows per CTA
-  switch (a.format) {
-    case FMT_FP8: return launch_cfg<FmtFP8>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_FP8_BLOCK: return launch_cfg<FmtFP8Block>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_MXFP8: return launch_cfg<FmtMXFP8>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_NVFP4: return launch_cfg<FmtFP4<true>>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_MXFP4: return launch_cfg<FmtFP4<false>>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_Q8_0: return launch_cfg<FmtQ8_0>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_IQ2_XXS: return launch_cfg<FmtIQ2<false>>(a.mt, a.rt, p, nblocks, stream);
-    case FMT_IQ2_XS: return launch_cfg<FmtIQ2<true>>(a.mt, a.rt, p, nblocks, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  const int nblocks = (p.n16 + kWarps - 1) / kWarps;  // kWarps row tiles (128 rows) per CTA
+  return with_format(a.format, cudaErrorInvalidValue,
+                     [&](auto f) { return launch_cfg<decltype(f)>(a.mt, a.rt, p, nblocks, stream); });
 }
 
 }  // namespace b12x
