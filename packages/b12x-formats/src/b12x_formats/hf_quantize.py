@@ -19,9 +19,13 @@ import numpy as np
 from ._arrays import to_float32
 from .api import quantize
 from .checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
+from .imatrix import module_importance, read_imatrix
 from .modelopt import QuantizationConfig, is_norm_module
+from .parallel import Work, in_order
 from .quantized import codec_for
 
+# Formats whose quantizer searches with an importance (api.quantize's `importance`); the others ignore one.
+_USES_IMPORTANCE = ("IQ2_XS", "IQ2_XXS")
 _NOT_BY_DEFAULT = re.compile(r"(^|\.)(embed_tokens|wte|lm_head|gate|router|shared_expert_gate)$")
 
 
@@ -64,8 +68,25 @@ def side_files(src: Path) -> dict[str, Path]:
     return {p.name: p for p in src.iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip}
 
 
-def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
-    """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read."""
+def _quantize_layer(prefix: str, weight: np.ndarray, fmt: str, importance) -> list[tuple[str, np.ndarray]]:
+    """One layer's work -> its checkpoint tensors (module level, so a worker process can run it)."""
+    qw = quantize(to_float32(weight), fmt, importance=importance)
+    return [(f"{prefix}.{tname}", array) for tname, array in qw.tensors.items()]
+
+
+def quantize_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    plan: QuantizePlan,
+    overwrite: bool = False,
+    jobs: int = 1,
+    imatrix: str | Path | None = None,
+) -> Path:
+    """Read `src` (bf16/fp16/fp32 safetensors), quantize per `plan`, write `out` atomically. `src` is only read.
+
+    `jobs` layers are quantized at once in worker processes (the same bytes as one); `imatrix` is a llama.cpp
+    importance matrix file whose entries weight the IQ2 layers' search.
+    """
     src, out = Path(src), Path(out)
     if src.resolve() == out.resolve():
         raise ValueError("quantize: OUT_DIR must differ from HF_DIR (inputs are never modified)")
@@ -89,16 +110,21 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
                 chosen[prefix] = fmt
     if not chosen:
         raise ValueError(f"{src}: no module matched; nothing to quantize")
+    importance = _importance(imatrix, ckpt, chosen) if imatrix is not None else {}
 
-    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+    def work() -> Iterator:  # per tensor: a Work for a worker process, or the tensors to copy as they are
         for name in names:
             prefix = name[: -len(".weight")] if name.endswith(".weight") else None
             if prefix in chosen:
-                qw = quantize(to_float32(ckpt.get(name)), chosen[prefix])
-                for tname, array in qw.tensors.items():
-                    yield f"{prefix}.{tname}", array
+                weight = ckpt.get(name)
+                args = (prefix, weight, chosen[prefix], importance.get(prefix))
+                yield Work(_quantize_layer, args, nbytes=weight.nbytes)
             else:
-                yield name, np.asarray(ckpt.get(name))
+                yield [(name, np.asarray(ckpt.get(name)))]
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for written in in_order(work(), jobs):
+            yield from written
 
     extra = side_files(src)
     config = dict(ckpt.config)
@@ -107,6 +133,13 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
     return save_checkpoint(
         out, tensors(), config, quant, extra_files=extra, total=total, overwrite=overwrite, desc="quantizing"
     )
+
+
+def _importance(path: str | Path, ckpt: Checkpoint, chosen: dict[str, str]) -> dict[str, np.ndarray]:
+    """The imatrix entry [K] of every layer whose format uses one (IQ2); an error names any that is missing."""
+    widths = {p: ckpt.file_of(f"{p}.weight").shape(f"{p}.weight")[-1] for p in chosen}
+    wanted = {p: k for p, k in widths.items() if chosen[p] in _USES_IMPORTANCE}
+    return module_importance(read_imatrix(path), ckpt.config, wanted, str(path)) if wanted else {}
 
 
 def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:

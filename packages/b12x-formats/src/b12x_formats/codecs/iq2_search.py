@@ -4,6 +4,12 @@ A block of 256 weights is 32 groups of 8. Each group stores one grid point (8 ma
 and 7 sign bits (an 8th keeps the number of negatives even); each run of `groups_per_scale` groups shares a
 4-bit scale l, and the block one fp16 d, so a group decodes as `d*(0.5+l)/4 * grid * signs`.
 
+The search minimises a weighted squared error. Each element weighs sqrt(σ² + x²), σ² the block's mean
+square, times the caller's importance (e.g. an imatrix's mean squared activation of its column) when one is
+given — llama.cpp's weighting. Plain squared error is the wrong objective for real weights: it spends the
+few levels on the many small weights and crushes the large ones the model depends on (on SmolLM2's
+down_proj, 2.2–4.5× worse perplexity; docs/formats.md).
+
 Search, vectorised over groups (numpy, chunked to stay in cache):
 1. Signs follow the weights; when that leaves an odd count of negatives, the element whose flip costs the
    least (smallest importance·|x|) is flipped, and its target magnitude becomes -|x|.
@@ -42,15 +48,23 @@ def quantize_blocks(x: np.ndarray, importance: np.ndarray | None, grid: np.ndarr
     grid = grid.astype(np.float32)
     parts = []
     for start in range(0, len(x), CHUNK_BLOCKS):
+        chunk = x[start : start + CHUNK_BLOCKS]
         imp = None if importance is None else importance[start : start + CHUNK_BLOCKS]
-        parts.append(_quantize_chunk(x[start : start + CHUNK_BLOCKS], imp, grid, groups_per_scale))
+        parts.append(_quantize_chunk(chunk, element_weights(chunk, imp), grid, groups_per_scale))
     return IQ2Blocks(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("d", "grid_idx", "sign_idx", "scale")))
 
 
-def _quantize_chunk(x, importance, grid, gps) -> IQ2Blocks:
+def element_weights(x: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    """The search's weight of each element of x [B, 256]: sqrt(σ²_block + x²) (× importance when given)."""
+    sigma2 = np.mean(x * x, axis=1, keepdims=True, dtype=np.float32)
+    w = np.sqrt(sigma2 + x * x)
+    return w if importance is None else w * importance
+
+
+def _quantize_chunk(x, weights, grid, gps) -> IQ2Blocks:
     nblocks = len(x)
     xg = x.reshape(-1, GROUP)
-    w = np.ones_like(xg) if importance is None else np.ascontiguousarray(importance, np.float32).reshape(-1, GROUP)
+    w = np.ascontiguousarray(weights, np.float32).reshape(-1, GROUP)
     ngroups = len(xg)
     nscales = ngroups // gps
     rows = np.arange(ngroups)
