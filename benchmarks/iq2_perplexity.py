@@ -5,7 +5,8 @@
 
 Every variant replaces the down_proj weights (the GGUF's Q4_1 values, dequantized by transformers) with
 their IQ2 round trip and measures perplexity with transformers over the held-out English prose in
-benchmarks/text/eval*.txt (exp of the mean token NLL over all three). Rows: b12x without importance,
+benchmarks/text/eval*.txt (exp of the mean token NLL over all of them), and the mean KL divergence of
+its next-token distributions from the unquantized model's. Rows: b12x without importance,
 llama.cpp (`ggml_quantize_chunk`, which needs an importance and gets all ones), then both with an importance
 matrix: FILE, or one `b12x-formats imatrix` computes over benchmarks/text/calibration.txt (a different text).
 Also printed: relative MSE Σ(w − ŵ)²/Σw² and its importance-weighted form Σ imp·(w − ŵ)²/Σ imp·w²,
@@ -41,15 +42,32 @@ def smollm2_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / MODEL_FILE
 
 
-def perplexity(lm, tokenizer, texts: list[str]) -> float:
-    nll, count = 0.0, 0
-    with torch.inference_mode():
-        for text in texts:
-            ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]])
-            logits = lm(ids).logits[0, :-1].float()
-            nll += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
-            count += ids.shape[1] - 1
-    return math.exp(nll / count)
+class Evaluation:
+    """Perplexity over the texts, and the mean KL divergence of each next-token distribution from the
+    unquantized model's (the first evaluation is the reference): KL moves smoothly with the weights, where
+    perplexity of a badly damaged model also reflects which few tokens happen to flip."""
+
+    def __init__(self, lm, tokenizer, texts: list[str]):
+        self.lm = lm
+        self.ids = [torch.tensor([[tokenizer.bos_token_id, *tokenizer(t, add_special_tokens=False)["input_ids"]]])
+                    for t in texts]  # fmt: skip
+        self.reference = None
+
+    def __call__(self) -> tuple[float, float]:
+        nll = kl = 0.0
+        count = 0
+        logprobs = []
+        with torch.inference_mode():
+            for ids in self.ids:
+                lp = torch.log_softmax(self.lm(ids).logits[0, :-1].float(), dim=-1)
+                nll -= lp.gather(1, ids[0, 1:, None]).sum().item()
+                count += ids.shape[1] - 1
+                logprobs.append(lp)
+        if self.reference is None:
+            self.reference = logprobs
+        for ref, lp in zip(self.reference, logprobs):
+            kl += (ref.exp() * (ref - lp)).sum().item()
+        return math.exp(nll / count), kl / count
 
 
 def main() -> None:
@@ -62,7 +80,7 @@ def main() -> None:
     lib = ctypes.CDLL(args.libggml) if args.libggml else None
     model = smollm2_path()
     lm, tokenizer = load_model(model)
-    texts = [p.read_text() for p in sorted((HERE / "text").glob("eval*.txt"))]
+    evaluate = Evaluation(lm, tokenizer, [p.read_text() for p in sorted((HERE / "text").glob("eval*.txt"))])
     downs = {name[: -len(".weight")]: p for name, p in lm.named_parameters() if name.endswith("mlp.down_proj.weight")}
     original = {name: p.detach().numpy().copy() for name, p in downs.items()}
 
@@ -82,8 +100,8 @@ def main() -> None:
             wref += float(np.sum(importance[name] * w**2))
             downs[name].data.copy_(torch.from_numpy(back))
         seconds = time.perf_counter() - t0
-        ppl = perplexity(lm, tokenizer, texts)
-        print(f"| {label} | {err / ref:.3f} | {werr / wref:.3f} | {ppl:.1f} | {seconds:.1f} |", flush=True)
+        ppl, kl = evaluate()
+        print(f"| {label} | {err / ref:.3f} | {werr / wref:.3f} | {ppl:.1f} | {kl:.3f} | {seconds:.1f} |", flush=True)
 
     def ours(fmt):
         return lambda w, imp: bf.dequantize(bf.quantize(w, fmt, importance=imp))
@@ -96,8 +114,8 @@ def main() -> None:
         return run
 
     print(f"SmolLM2-135M, down_proj only; imatrix: {args.imatrix or 'computed over benchmarks/text/calibration.txt'}")
-    print("| variant | rel. MSE | importance-weighted rel. MSE | perplexity | quantize s |")
-    print("|---|---|---|---|---|")
+    print("| variant | rel. MSE | importance-weighted rel. MSE | perplexity | KL divergence | quantize s |")
+    print("|---|---|---|---|---|---|")
     row("unquantized", lambda w, imp: w, False)
     for fmt in args.formats:
         row(f"b12x {fmt}, no importance", ours(fmt), False)

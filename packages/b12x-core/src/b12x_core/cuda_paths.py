@@ -6,6 +6,7 @@ never synchronises, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,23 @@ def kernels_unavailable() -> str:
     except ImportError as err:
         return f"b12x_kernels is not installed ({err})"
     return b12x_kernels.unavailable_reason()
+
+
+_warned = False
+
+
+def warn_if_not_built() -> None:
+    """Say once, in one line, that this install has no CUDA kernels and how to get them: on a CUDA device the
+    Triton paths still run, the CUDA-only ones (decode GEMV, Q8_0 embedding) then raise or lose to Triton."""
+    global _warned
+    try:
+        import b12x_kernels
+    except ImportError:
+        return  # kernels_unavailable names it in every refusal
+    why = b12x_kernels.not_built_reason()
+    if why and not _warned:
+        _warned = True
+        logging.getLogger("b12x_core").warning("b12x: %s", why)
 
 
 def grid_table(fmt: str, device) -> torch.Tensor | None:

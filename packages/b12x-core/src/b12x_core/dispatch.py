@@ -43,15 +43,22 @@ def _reference(q: Query) -> tuple[bool, str]:
     return False, f"the reference runs on {q.device.type} only when asked for with path='reference'"
 
 
-def _cuda_kernel(q: Query) -> str:
-    """Why a CUDA kernel cannot take a query whatever its shape ('' when it can)."""
-    from .cuda_paths import kernels_unavailable
-
+def _cuda_device(q: Query) -> str:
+    """Why no kernel on the device can take a query ('' when one may): not CUDA, or the reference was asked for."""
     if q.device.type != "cuda":
         return f"needs a CUDA device, the op is on {q.device}"
     if q.path == "reference":
         return "path='reference' was asked for"
-    return kernels_unavailable()
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return ""
+
+
+def _cuda_kernel(q: Query) -> str:
+    """Why a CUDA kernel (b12x_kernels._C) cannot take a query whatever its shape ('' when it can)."""
+    from .cuda_paths import kernels_unavailable
+
+    return _cuda_device(q) or kernels_unavailable()
 
 
 def _cuda_gemv_ggml(q: Query) -> tuple[bool, str]:
@@ -80,7 +87,7 @@ def _triton_tiles(q: Query) -> tuple[bool, str]:
 
     if q.op != "linear" or q.format not in GGML + ELEMENT:
         return False, f"runs linear of every format, not {q.op} {q.format}"
-    why = _cuda_kernel(q) or triton_unavailable()
+    why = _cuda_device(q) or triton_unavailable()  # Triton needs no b12x_kernels._C
     return (False, why) if why else (True, "Triton tensor-core tiles (prefill; every activation mode)")
 
 
@@ -89,7 +96,7 @@ def _triton_moe(q: Query) -> tuple[bool, str]:
 
     if q.op != "moe":
         return False, f"runs fused MoE, not {q.op}"
-    why = _cuda_kernel(q) or triton_unavailable()
+    why = _cuda_device(q) or triton_unavailable()
     return (False, why) if why else (True, "Triton grouped expert GEMMs over expert-sorted slots, activation fused")
 
 
@@ -126,6 +133,10 @@ def reasons(q: Query) -> list[tuple[str, bool, str]]:
 def choose(q: Query) -> str:
     if q.path not in ("auto", "reference"):
         raise ValueError(f"path must be 'auto' or 'reference', got {q.path!r}")
+    if q.device.type == "cuda" and q.path == "auto":
+        from .cuda_paths import warn_if_not_built
+
+        warn_if_not_built()
     rows = reasons(q)
     for name, ok, why in rows:
         if ok:

@@ -1,7 +1,8 @@
 """b12x device code: CUDA C++ kernels behind a narrow pointer-based binding (`b12x_kernels._C`).
 
-Imports on machines without a GPU (or without the built extension): `available()` says whether kernels can
-run here and `unavailable_reason()` why not. No dispatch policy lives here: b12x_core decides what runs.
+Imports on machines without a GPU (or without the built extension: an install without a CUDA compiler has
+only the Triton kernels): `available()` says whether kernels can run here, `unavailable_reason()` why not and
+`not_built_reason()` whether the extension is missing and how to get it. No dispatch policy lives here: b12x_core decides what runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ __version__ = "0.1.0"
 
 GGML_FORMAT_IDS = {"Q8_0": 0, "IQ2_XXS": 1, "IQ2_XS": 2}
 ELEM_FORMAT_IDS = {"FP8": 0, "FP8_BLOCK": 1, "MXFP8": 2, "NVFP4": 3, "W4A16_NVFP4": 3, "MXFP4": 4}
+
+HOW_TO_BUILD = (
+    "install b12x-kernels where nvcc is found (CUDACXX, PATH or /usr/local/cuda): "
+    "pip install --force-reinstall --no-deps packages/b12x-kernels from the b12x repository, "
+    "or its Linux x86_64 wheel"
+)
 
 try:
     from . import _C
@@ -20,10 +27,21 @@ else:
     _IMPORT_ERROR = ""
 
 
+def not_built_reason() -> str:
+    """Why this install has no CUDA extension ('' when it has one): the build's own record, else the import error."""
+    if _C is not None:
+        return ""
+    try:
+        from ._build_info import NO_CUDA_REASON
+    except ImportError:  # a source tree that was never built
+        NO_CUDA_REASON = ""
+    return f"the CUDA kernels are not built: {NO_CUDA_REASON or _IMPORT_ERROR}; to get them, {HOW_TO_BUILD}"
+
+
 def unavailable_reason() -> str:
     """Why kernels cannot run here, or '' when they can."""
     if _C is None:
-        return f"b12x_kernels._C is not built ({_IMPORT_ERROR})"
+        return not_built_reason()
     count, error = _C.device_count()
     return "" if count > 0 else f"no CUDA device ({error})"
 

@@ -20,6 +20,7 @@ Search, vectorised over groups (numpy, chunked to stay in cache):
    it lowers the error, then one more assignment pass at the best scale.
 4. d is chosen so the largest scale maps to l = 15, rounded to fp16; each group's l is then the best of the
    three nearest integers, re-searching the grid at each quantized scale.
+5. d is rescaled so the block's reconstruction is not biased towards zero (see the step in the code).
 Measured against llama.cpp's own quantizer in docs/formats.md.
 """
 
@@ -33,6 +34,7 @@ GROUP = 8
 CHUNK_BLOCKS = 64  # [64*32 groups, 512 grid points] float32 work arrays fit in L2
 START_SCALES = np.linspace(0.55, 1.1, 8, dtype=np.float32)  # × (max |x| / 43) of the scale group
 MAX_NIBBLE = 15
+MAX_GAIN = np.float32(1.5)  # step 5's rescale of d; it stays near 1.06 on real weights
 
 
 @dataclass
@@ -119,6 +121,7 @@ def _quantize_chunk(x, weights, grid, gps) -> IQ2Blocks:
     out_err = np.full(nscales, np.inf, np.float32)
     out_l = nearest.copy()
     out_idx = np.zeros(ngroups, np.int64)
+    out_proj = np.zeros(nscales, np.float32)  # Σ w·x·x̂ of the kept choice
     for step in (0, -1, 1):
         level = np.clip(nearest + step, 0, MAX_NIBBLE)
         # The decoder's db = d*(0.5+l)*0.25 = d*(2l+1)/8: the same float32 operations, so the same scale.
@@ -129,6 +132,16 @@ def _quantize_chunk(x, weights, grid, gps) -> IQ2Blocks:
         out_err = np.where(better, err, out_err)
         out_l = np.where(better, level, out_l)
         out_idx = np.where(np.repeat(better, gps), idx, out_idx)
+        out_proj = np.where(better, scale * p_sum, out_proj)
+
+    # 5. unbias: least squares leaves x̂ shorter than x (its error is orthogonal to x̂, not to x), so every
+    # layer's output would come out a few percent small, a bias that compounds through a deep model (SmolLM2's
+    # down_proj: 6% short, measurably worse perplexity). Scaling d so that Σ w·x·x̂ = Σ w·x² per block removes
+    # it at a small cost in squared error.
+    norm = (w * xg * xg).reshape(nblocks, -1).sum(axis=1)
+    proj = out_proj.reshape(nblocks, -1).sum(axis=1)
+    gain = np.where(proj > 0, norm / np.where(proj > 0, proj, 1), 1).clip(1, MAX_GAIN)
+    d = np.minimum(d * gain, np.finfo(np.float16).max).astype(np.float16).astype(np.float32)
 
     sign_idx = np.packbits(sign_bits[:, :7], axis=1, bitorder="little")[:, 0]
     return IQ2Blocks(
