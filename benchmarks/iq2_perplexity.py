@@ -65,7 +65,7 @@ class Evaluation:
                 logprobs.append(lp)
         if self.reference is None:
             self.reference = logprobs
-        for ref, lp in zip(self.reference, logprobs):
+        for ref, lp in zip(self.reference, logprobs, strict=True):
             kl += (ref.exp() * (ref - lp)).sum().item()
         return math.exp(nll / count), kl / count
 

@@ -80,7 +80,9 @@ def test_gguf_imatrix_divides_by_counts_and_unseen_experts_read_as_ones(tmp_path
     matrix = read_imatrix(path)
     assert matrix.datasets == ["calib.txt"] and (matrix.chunk_count, matrix.chunk_size) == (7, 512)
     got = module_importance(
-        matrix, MOE, {**{f"model.layers.0.mlp.experts.{x}.down_proj": k for x in range(e)}, "model.layers.0.self_attn.q_proj": 512}
+        matrix,
+        MOE,
+        {**{f"model.layers.0.mlp.experts.{x}.down_proj": k for x in range(e)}, "model.layers.0.self_attn.q_proj": 512},
     )
     np.testing.assert_allclose(got["model.layers.0.mlp.experts.0.down_proj"], sums[0] / 10, rtol=1e-6)
     np.testing.assert_array_equal(got["model.layers.0.mlp.experts.1.down_proj"], np.ones(k, np.float32))
@@ -89,8 +91,14 @@ def test_gguf_imatrix_divides_by_counts_and_unseen_experts_read_as_ones(tmp_path
 
 
 def test_written_gguf_has_llama_imatrix_layout(tmp_path, rng):
-    sums = {"blk.0.ffn_down_exps.weight": rng.uniform(0, 9, (4, 256)), "blk.0.attn_k.weight": rng.uniform(0, 9, (1, 64))}
-    counts = {"blk.0.ffn_down_exps.weight": rng.integers(0, 99, 4).astype(np.float32), "blk.0.attn_k.weight": np.array([512.0])}
+    sums = {
+        "blk.0.ffn_down_exps.weight": rng.uniform(0, 9, (4, 256)),
+        "blk.0.attn_k.weight": rng.uniform(0, 9, (1, 64)),
+    }
+    counts = {
+        "blk.0.ffn_down_exps.weight": rng.integers(0, 99, 4).astype(np.float32),
+        "blk.0.attn_k.weight": np.array([512.0]),
+    }
     matrix = ImportanceMatrix(
         {n: s.astype(np.float32) for n, s in sums.items()}, counts, ["calib.txt"], chunk_count=3, chunk_size=512
     )
@@ -99,14 +107,19 @@ def test_written_gguf_has_llama_imatrix_layout(tmp_path, rng):
     assert reader.fields["general.type"].contents() == "imatrix"
     assert "general.architecture" not in reader.fields  # llama-imatrix writes none
     assert reader.fields["imatrix.datasets"].contents() == ["calib.txt"]
-    assert reader.fields["imatrix.chunk_count"].contents() == 3 and reader.fields["imatrix.chunk_size"].contents() == 512
+    assert (
+        reader.fields["imatrix.chunk_count"].contents() == 3 and reader.fields["imatrix.chunk_size"].contents() == 512
+    )
     tensors = {t.name: t for t in reader.tensors}
     # llama-imatrix's order: entries sorted by name, each as in_sum2 then counts
     assert list(tensors) == [f"{n}.{part}" for n in sorted(sums) for part in ("in_sum2", "counts")]
     for name in sums:
         t = tensors[f"{name}.in_sum2"]
         # ggml order: ne = [K, nmat], as llama-imatrix's ggml_new_tensor_2d(F32, nval / nmat, nmat)
-        assert list(t.shape) == [sums[name].shape[1], sums[name].shape[0]] and t.tensor_type == gguf.GGMLQuantizationType.F32
+        assert (
+            list(t.shape) == [sums[name].shape[1], sums[name].shape[0]]
+            and t.tensor_type == gguf.GGMLQuantizationType.F32
+        )
         np.testing.assert_array_equal(np.asarray(t.data).reshape(sums[name].shape), sums[name].astype(np.float32))
         c = tensors[f"{name}.counts"]
         assert list(c.shape) == [1, len(counts[name])]
@@ -147,7 +160,9 @@ def test_missing_or_misfitting_entries_name_module_and_tensor(tmp_path, rng):
     path = tmp_path / "m.gguf"
     llama_gguf(path, {"blk.0.ffn_down.weight": (rng.uniform(0, 1, (1, 512)), np.array([4.0]))})
     matrix = read_imatrix(path)
-    with pytest.raises(ValueError, match=r"no entry for model\.layers\.1\.mlp\.down_proj \(GGUF name blk\.1\.ffn_down\.weight\)"):
+    with pytest.raises(
+        ValueError, match=r"no entry for model\.layers\.1\.mlp\.down_proj \(GGUF name blk\.1\.ffn_down\.weight\)"
+    ):
         module_importance(matrix, LLAMA, {"model.layers.1.mlp.down_proj": 512})
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_down\.weight is \[1 experts, 512\].*K=1024"):
         module_importance(matrix, LLAMA, {"model.layers.0.mlp.down_proj": 1024})

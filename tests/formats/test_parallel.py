@@ -91,8 +91,9 @@ def test_random_checkpoint_same_bytes_for_every_job_count(tmp_path, rng):
     from b12x_formats.checkpoint import save_checkpoint
 
     tensors = {
-        f"model.layers.{i}.mlp.down_proj.weight": rng.standard_normal((int(rng.integers(1, 40)), 256 * int(rng.integers(1, 4))))
-        .astype(ml_dtypes.bfloat16)
+        f"model.layers.{i}.mlp.down_proj.weight": rng.standard_normal(
+            (int(rng.integers(1, 40)), 256 * int(rng.integers(1, 4)))
+        ).astype(ml_dtypes.bfloat16)
         for i in range(5)
     }
     tensors["model.norm.weight"] = np.ones(8, ml_dtypes.bfloat16)
@@ -100,6 +101,7 @@ def test_random_checkpoint_same_bytes_for_every_job_count(tmp_path, rng):
     save_checkpoint(tmp_path / "hf", tensors.items(), config, total=len(tensors))
     digests = []
     for jobs in (1, 3):
-        assert main(["quantize", str(tmp_path / "hf"), str(tmp_path / f"q{jobs}"), "--default", "IQ2_XS", "--jobs", str(jobs)]) == 0
+        out = tmp_path / f"q{jobs}"
+        assert main(["quantize", str(tmp_path / "hf"), str(out), "--default", "IQ2_XS", "--jobs", str(jobs)]) == 0
         digests.append(_digests(tmp_path / f"q{jobs}"))
     assert digests[0] == digests[1]

@@ -2,7 +2,8 @@
 
 Imports on machines without a GPU (or without the built extension: an install without a CUDA compiler has
 only the Triton kernels): `available()` says whether kernels can run here, `unavailable_reason()` why not and
-`not_built_reason()` whether the extension is missing and how to get it. No dispatch policy lives here: b12x_core decides what runs.
+`not_built_reason()` whether the extension is missing and how to get it. No dispatch policy lives here:
+b12x_core decides what runs.
 """
 
 from __future__ import annotations
