@@ -24,8 +24,8 @@ def _require_transformers():
         import transformers  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            "imatrix needs transformers and torch: pip install -e 'packages/b12x-formats[convert]' (from the b12x "
-            "repository)"
+            "imatrix needs transformers and torch: pip install -e 'packages/b12x-formats[convert]' from the "
+            "b12x repository (or pip install transformers torch)"
         ) from err
 
 
@@ -59,12 +59,14 @@ def chunks(token_ids: list[int], chunk_size: int, bos: int | None) -> list[list[
 def compute_imatrix(model: str | os.PathLike, text_file: str | os.PathLike, chunk_size: int = 512,
                     progress: bool = True) -> ImportanceMatrix:  # fmt: skip
     """The importance matrix of `model` over the text in `text_file` (both only read)."""
+    text_file = Path(text_file)
+    text = text_file.read_text(encoding="utf-8")  # a missing text or model fails before the extras hint
+    if not Path(model).exists():
+        raise FileNotFoundError(f"{model}: no such model directory or .gguf file")
     _require_transformers()
     import torch
     from tqdm import tqdm
 
-    text_file = Path(text_file)
-    text = text_file.read_text(encoding="utf-8")
     lm, tokenizer = load_model(model)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pieces = chunks(ids, chunk_size, tokenizer.bos_token_id)
