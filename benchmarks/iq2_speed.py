@@ -36,10 +36,11 @@ def main() -> None:
     args = parser.parse_args()
     cores = default_jobs()
     rng = np.random.default_rng(0)
+    shape = (args.rows, args.cols)
     weights = {
-        f"model.layers.{i}.mlp.down_proj.weight": (rng.standard_normal((args.rows, args.cols)) / 64).astype(ml_dtypes.bfloat16)
+        f"model.layers.{i}.mlp.down_proj.weight": (rng.standard_normal(shape) / 64).astype(ml_dtypes.bfloat16)
         for i in range(args.layers)
-    }  # fmt: skip
+    }
     total = args.layers * args.rows * args.cols
     print(f"# {args.layers} x {args.rows}x{args.cols} = {total / 1e6:.1f} M weights, {cores} cores, IQ2_XS")
     print("| quantizer | workers | seconds | M weights/s |")
