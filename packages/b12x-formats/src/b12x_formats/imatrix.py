@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,10 +153,9 @@ def write_imatrix(
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass --force to replace it")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # GGUFWriter opens it (with the usual mode bits)
     try:
-        writer = _ImatrixWriter(tmp)
+        writer = _imatrix_writer(tmp)
         writer.add_string("general.type", "imatrix")
         writer.add_array(gguf.Keys.IMatrix.DATASETS, list(matrix.datasets))
         writer.add_uint32(gguf.Keys.IMatrix.CHUNK_COUNT, matrix.chunk_count)
@@ -176,7 +174,7 @@ def write_imatrix(
     return path
 
 
-def _ImatrixWriter(path):
+def _imatrix_writer(path):
     """A GGUFWriter without `general.architecture`: llama-imatrix writes none, an imatrix belongs to no arch."""
     import gguf
 
