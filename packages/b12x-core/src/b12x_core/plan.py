@@ -192,11 +192,27 @@ def _merge(decisions: list[Decision]) -> list[Decision]:
     return out
 
 
+def warn_if_not_built(query: Query) -> None:
+    """On a CUDA device, say once, in one line, that this install has no CUDA kernels and how to get them: the
+    Triton paths still run, the CUDA-only ones refuse (never a silent slow path)."""
+    if not query.on_cuda or "not_built" in _logged:
+        return
+    try:
+        import b12x_kernels
+    except ImportError:
+        return  # every CUDA backend's refusal names it
+    why = b12x_kernels.not_built_reason()
+    if why:
+        _logged.add("not_built")
+        logger.warning("b12x: %s", why)
+
+
 def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
     """-> (basis, backends that cannot run the query with why, decisions over 1..max_tokens). No device work:
     a plan can be worked out for a DeviceInfo of a GPU that is not here."""
     if query.path not in ("auto", "reference"):
         raise ValueError(f"path must be 'auto' or 'reference', got {query.path!r}")
+    warn_if_not_built(query)
     verdicts = _verdicts(query)
     able = [cls for cls, ok, _ in verdicts if ok]
     never = tuple((cls.name, why) for cls, ok, why in verdicts if not ok)

@@ -34,7 +34,9 @@ def quantize(w, fmt: str, importance=None) -> QuantizedWeight:
     """Quantize float weights [..., N, K] (numpy or torch, any float dtype) into `fmt`.
 
     `importance` (IQ2 only; others ignore it) holds non-negative per-column weights [K] or [..., K], e.g. an
-    importance matrix's mean squared activations: the IQ2 search minimises Σ importance·(w − ŵ)².
+    importance matrix's mean squared activations: the IQ2 search minimises
+    Σ importance·sqrt(σ² + w²)·(w − ŵ)², σ² the mean square of w's block of 256 (llama.cpp's weighting; without
+    `importance`, the same with importance 1).
     """
     codec = codec_for(fmt)
     name = codec.spec.name

@@ -1,4 +1,4 @@
-"""`b12x-formats` command line: inspect, quantize, convert-gguf, example, formats."""
+"""`b12x-formats` command line: inspect, quantize, imatrix, convert-gguf, dequantize, example, formats."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import signal
 import sys
 import traceback
 from dataclasses import asdict
+from pathlib import Path
 
 from .api import formats, spec
 from .output import Terminated
+from .parallel import default_jobs
 
 
 def _inspect(args) -> None:
@@ -27,7 +29,9 @@ def _quantize(args) -> None:
     from .hf_quantize import QuantizePlan, quantize_checkpoint
 
     plan = QuantizePlan.from_cli(args.default, args.layer, args.keep)
-    out = quantize_checkpoint(args.hf_dir, args.out_dir, plan, overwrite=args.force)
+    out = quantize_checkpoint(
+        args.hf_dir, args.out_dir, plan, overwrite=args.force, jobs=args.jobs, imatrix=args.imatrix
+    )
     print(quantize_summary(args.hf_dir, plan))
     print(f"wrote {out}")
 
@@ -38,6 +42,16 @@ def quantize_summary(src, plan) -> str:
     from .layer_choice import choose_layers, summary
 
     return summary(choose_layers(Checkpoint(src), plan))
+
+
+def _imatrix(args) -> None:
+    from .imatrix import write_imatrix
+    from .imatrix_compute import compute_imatrix
+
+    if Path(args.output).exists() and not args.force:  # before the model runs, not after
+        raise FileExistsError(f"{args.output} exists; pass --force to replace it")
+    matrix = compute_imatrix(args.model, args.text, chunk_size=args.chunk)
+    print(f"wrote {write_imatrix(args.output, matrix, overwrite=args.force)} ({len(matrix.sums)} entries)")
 
 
 def _convert_gguf(args) -> None:
@@ -69,6 +83,13 @@ def _formats(args) -> None:
         )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b12x-formats", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,7 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--layer", action="append", default=[], metavar="GLOB=FMT", help="per-module format; first match wins"
     )
     p.add_argument("--keep", action="append", default=[], metavar="GLOB", help="modules to keep floating point")
+    p.add_argument(
+        "--imatrix", metavar="FILE", help="llama.cpp importance matrix (GGUF or legacy .dat) for the IQ2 layers"
+    )
+    p.add_argument(
+        "--jobs", type=_positive, default=default_jobs(), metavar="N",
+        help=f"layers quantized at once, in worker processes (default: all {default_jobs()} cores; same bytes)",
+    )  # fmt: skip
     p.set_defaults(run=_quantize)
+
+    p = sub.add_parser("imatrix", help="compute a llama.cpp importance matrix of a model over a calibration text")
+    p.add_argument("model", help="Hugging Face checkpoint directory or .gguf file (run on CPU with transformers)")
+    p.add_argument("--text", required=True, metavar="FILE", help="calibration text (UTF-8)")
+    p.add_argument("-o", "--output", default="imatrix.gguf", help="output file (default imatrix.gguf)")
+    p.add_argument("--chunk", type=_positive, default=512, metavar="TOKENS", help="tokens per chunk (default 512)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.set_defaults(run=_imatrix)
 
     p = sub.add_parser("convert-gguf", help="turn a llama.cpp GGUF model into a ModelOpt mixed-precision checkpoint")
     p.add_argument("gguf_file")

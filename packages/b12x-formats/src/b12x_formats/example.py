@@ -120,13 +120,18 @@ def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
 EXAMPLES = {"llama": (TINY_LLAMA, llama_tensors), "qwen3_moe": (TINY_QWEN3_MOE, qwen3_moe_tensors)}
 
 
-def byte_level_tokenizer(vocab_size: int) -> dict[str, bytes] | None:
+def byte_level_tokenizer(vocab_size: int) -> dict[str, bytes]:
     """tokenizer.json + tokenizer_config.json of a byte-level BPE with exactly `vocab_size` tokens (256 bytes,
-    merges of letter pairs, then <s> and </s>), so generated ids always decode. None without `tokenizers`."""
+    merges of letter pairs, then <s> and </s>), so generated ids always decode.
+
+    `tokenizers` is a dependency of b12x-formats; when it is missing anyway (a `--no-deps` install) this
+    raises ImportError rather than write a checkpoint without a tokenizer, which vLLM cannot run."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    except ImportError:
-        return None
+    except ImportError as err:
+        raise ImportError(
+            f"writing the example's tokenizer needs the 'tokenizers' package ({err}): pip install tokenizers"
+        ) from err
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
     vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
     letters = "etaoinshrdlcumwfgypbvkjxqz"
@@ -147,7 +152,7 @@ def byte_level_tokenizer(vocab_size: int) -> dict[str, bytes] | None:
 
 def write_example(out_dir: str | Path, overwrite: bool = False, seed: int = 0, arch: str = "llama") -> Path:
     config, make = EXAMPLES[arch]
-    tokenizer = byte_level_tokenizer(config["vocab_size"]) or {}
+    tokenizer = byte_level_tokenizer(config["vocab_size"])
     config = dict(config, bos_token_id=config["vocab_size"] - 2, eos_token_id=config["vocab_size"] - 1)
     tensors = make(config, seed)
     return save_checkpoint(

@@ -40,11 +40,16 @@ def _require_transformers():
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as err:
-        raise ImportError("convert-gguf needs transformers and torch: pip install 'b12x-formats[convert]'") from err
+        raise ImportError(
+            "convert-gguf needs transformers and torch: pip install -e 'packages/b12x-formats[convert]' from the "
+            "b12x repository (or pip install transformers torch sentencepiece protobuf)"
+        ) from err
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Convert `gguf_path` into a checkpoint directory `out_dir` (written atomically; the input is only read)."""
+    if not Path(gguf_path).is_file():  # before the extras hint: a wrong path is the first thing to fix
+        raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
     _require_transformers()
     import gguf
     import torch

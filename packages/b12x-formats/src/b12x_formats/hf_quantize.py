@@ -23,13 +23,17 @@ import numpy as np
 from ._arrays import require_finite, to_float32
 from .api import dequantize, quantize
 from .checkpoint import INDEX_NAME, Checkpoint, quantized_tensors, save_checkpoint
+from .imatrix import module_importance, read_imatrix
 from .layer_choice import choose_layers, owned_tensors
 from .modelopt import QuantizationConfig, is_norm_module
 from .output import check_output
+from .parallel import Work, in_order
 from .quantized import codec_for
 from .shards import FLOAT_DTYPES
 from .validate import check_checkpoint
 
+# Formats whose quantizer searches with an importance (api.quantize's `importance`); the others ignore one.
+_USES_IMPORTANCE = ("IQ2_XS", "IQ2_XXS")
 _NOT_BY_DEFAULT = re.compile(r"(^|\.)(embed_tokens|wte|lm_head|gate|router|shared_expert_gate)$")
 
 
@@ -82,9 +86,30 @@ def side_files(src: Path) -> dict[str, Path]:
     return {p.name: p for p in src.iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip}
 
 
-def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, overwrite: bool = False) -> Path:
+def _quantize_layer(where: str, prefix: str, weight: np.ndarray, fmt: str, importance) -> list[tuple[str, np.ndarray]]:
+    """One layer's work -> its checkpoint tensors (module level, so a worker process can run it); `where` names
+    the file and layer in an error."""
+    try:
+        qw = quantize(to_float32(weight), fmt, importance=importance)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return list(quantized_tensors(prefix, qw))
+
+
+def quantize_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    plan: QuantizePlan,
+    overwrite: bool = False,
+    jobs: int = 1,
+    imatrix: str | Path | None = None,
+) -> Path:
     """Read `src` (bf16/fp16/fp32 safetensors, possibly with layers already in b12x formats: layer_choice.py),
-    quantize per `plan`, write `out` atomically. `src` is only read."""
+    quantize per `plan`, write `out` atomically. `src` is only read.
+
+    `jobs` layers are quantized at once in worker processes (the same bytes as one); `imatrix` is a llama.cpp
+    importance matrix file whose entries weight the IQ2 layers' search.
+    """
     src, out = Path(src), Path(out)
     check_output(out, [src], overwrite)  # before minutes of work (and again when writing)
     ckpt = Checkpoint(src)
@@ -99,21 +124,26 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: QuantizePlan, ov
     def choice_of(name: str):
         return choices.get(owned.get(name) or name.removesuffix(".weight"))
 
-    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+    chosen = {p: c.target for p, c in choices.items() if c.action != "keep"}
+    importance = _importance(imatrix, ckpt, chosen) if imatrix is not None else {}
+
+    def work() -> Iterator:  # per tensor: a Work for a worker process, or the tensors to copy as they are
         for name in names:
             choice = choice_of(name)
             if choice is None or choice.action == "keep":
-                yield name, np.asarray(_finite_input(ckpt, name))  # floating as it is, or b12x blocks byte for byte
+                yield [(name, np.asarray(_finite_input(ckpt, name)))]  # floating as it is, or b12x blocks as stored
             elif name == f"{choice.prefix}.weight":  # a module's other tensors (scales) go with its weight
-                try:
-                    if choice.action == "requantize":
-                        w = dequantize(ckpt.quantized_weight(choice.prefix, choice.source))
-                    else:
-                        w = to_float32(_finite_input(ckpt, name))
-                    qw = quantize(w, choice.target)
-                except ValueError as err:
-                    raise ValueError(f"{ckpt.file_of(name).path}: layer {choice.prefix!r}: {err}") from None
-                yield from quantized_tensors(choice.prefix, qw)
+                if choice.action == "requantize":
+                    weight = dequantize(ckpt.quantized_weight(choice.prefix, choice.source))
+                else:
+                    weight = _finite_input(ckpt, name)
+                where = f"{ckpt.file_of(name).path}: layer {choice.prefix!r}"
+                args = (where, choice.prefix, weight, choice.target, importance.get(choice.prefix))
+                yield Work(_quantize_layer, args, nbytes=weight.nbytes)
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for written in in_order(work(), jobs):
+            yield from written
 
     extra = side_files(src)
     config = dict(ckpt.config)
@@ -135,6 +165,13 @@ def _finite_input(ckpt: Checkpoint, name: str) -> np.ndarray:
     if file.dtype_name(name) in FLOAT_DTYPES:
         require_finite(f"{file.path}: tensor {name!r}", array, "only finite weights can be quantized or copied")
     return array
+
+
+def _importance(path: str | Path, ckpt: Checkpoint, chosen: dict[str, str]) -> dict[str, np.ndarray]:
+    """The imatrix entry [K] of every layer whose format uses one (IQ2); an error names any that is missing."""
+    widths = {p: ckpt.file_of(f"{p}.weight").shape(f"{p}.weight")[-1] for p in chosen}
+    wanted = {p: k for p, k in widths.items() if chosen[p] in _USES_IMPORTANCE}
+    return module_importance(read_imatrix(path), ckpt.config, wanted, str(path)) if wanted else {}
 
 
 def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:

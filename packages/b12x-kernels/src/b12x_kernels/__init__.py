@@ -1,9 +1,10 @@
 """b12x device code: CUDA C++ kernels behind a narrow pointer-based binding (`b12x_kernels._C`).
 
-Imports on machines without a GPU (or without the built extension): `available()` says whether kernels can
-run here and `unavailable_reason()` why not. No dispatch policy lives here: b12x_core decides what runs and
-with which configuration (the GEMVs' `max_m` accumulator bucket, the Triton tiles' block sizes, K splits).
-Format numbers come from b12x_formats.
+Imports on machines without a GPU (or without the built extension: an install without a CUDA compiler has
+only the Triton kernels): `available()` says whether kernels can run here, `unavailable_reason()` why not and
+`not_built_reason()` whether the extension is missing and how to get it. No dispatch policy lives here:
+b12x_core decides what runs and with which configuration (the GEMVs' `max_m` accumulator bucket, the Triton
+tiles' block sizes, the tensor-core GEMM's token tile and K splits). Format numbers come from b12x_formats.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from __future__ import annotations
 from b12x_formats.kernel_facts import format_id
 
 __version__ = "0.1.0"
+
+HOW_TO_BUILD = (
+    "install b12x-kernels where nvcc is found (CUDACXX, PATH or /usr/local/cuda): "
+    "pip install --force-reinstall --no-deps packages/b12x-kernels from the b12x repository, "
+    "or its Linux x86_64 wheel"
+)
 
 try:
     from . import _C
@@ -21,10 +28,21 @@ else:
     _IMPORT_ERROR = ""
 
 
+def not_built_reason() -> str:
+    """Why this install has no CUDA extension ('' when it has one): the build's own record, else the import error."""
+    if _C is not None:
+        return ""
+    try:
+        from ._build_info import NO_CUDA_REASON
+    except ImportError:  # a source tree that was never built
+        NO_CUDA_REASON = ""
+    return f"the CUDA kernels are not built: {NO_CUDA_REASON or _IMPORT_ERROR}; to get them, {HOW_TO_BUILD}"
+
+
 def unavailable_reason() -> str:
     """Why kernels cannot run here, or '' when they can."""
     if _C is None:
-        return f"b12x_kernels._C is not built ({_IMPORT_ERROR})"
+        return not_built_reason()
     count, error = _C.device_count()
     return "" if count > 0 else f"no CUDA device ({error})"
 
