@@ -1,13 +1,13 @@
 """Tied word embeddings: the LM head as a linear layer over the bytes a prepared embedding already holds.
 
 A model whose `lm_head` is tied to `embed_tokens` reads one [V, H] matrix twice: as rows (the embedding) and
-as a [N=V, K=H] linear (the head). `prepare_tied_linear` prepares that linear through `prepare_linear`, so it
-runs whatever path dispatch picks for the format, then points every tensor that holds the raw checkpoint
-bytes (the GEMV's blocks, the tiles' weight) at the embedding's own tensor: the device keeps one copy of
-the quantized weight. The swap happens only after checking that the bytes are identical, so a layout change
-in prepare_linear shows up as an error here instead of a head computing with the wrong matrix.
-On CPU the linear runs the exact reference, whose float32 decode of the matrix is what the reference
-computes with for every linear; the quantized bytes are not duplicated there either.
+as a [N=V, K=H] linear (the head). `prepare_tied_linear` builds the head's plan over a `DeviceWeights` whose
+stacked checkpoint bytes (what the GEMV, the Triton tiles and decode + GEMM read) are the embedding's own
+tensor, so the device keeps one copy of the quantized weight. The query says so (`shares_bytes`): backends that
+would make their own layout of the weight (the tensor-core GEMM's repack) decline, and explain says why. The swap
+happens only after checking that the bytes are identical, so a layout change in `weights.stack` shows up as an
+error here instead of a head computing with the wrong matrix. On CPU the head runs the exact reference over its
+float32 decode, as every reference linear does.
 """
 
 from __future__ import annotations
@@ -16,23 +16,33 @@ import torch
 
 import b12x_formats as bf
 
+from . import _registry
+from . import plan as plans
+from ._checks import check_positive, refuse_during_capture
+from .backends import DeviceInfo, Query
 from .embedding import PreparedEmbedding
 from .errors import UnsupportedError
-from .linear import DEFAULT_MAX_TOKENS, PreparedLinear, prepare_linear
+from .linear import DEFAULT_MAX_TOKENS, PreparedLinear
+from .weights import DeviceWeights
 
 
 def prepare_tied_linear(emb: PreparedEmbedding, max_tokens: int = DEFAULT_MAX_TOKENS) -> PreparedLinear:
     """A `PreparedLinear` (bf16 activations, N = vocab, K = hidden) sharing `emb`'s quantized bytes."""
+    refuse_during_capture("prepare_tied_linear")
     if not isinstance(emb, PreparedEmbedding):
         raise UnsupportedError(f"prepare_tied_linear takes a PreparedEmbedding, got {type(emb).__name__}")
-    # The host copy only lives during prepare; prepare_linear validates the blocks as it would a checkpoint's.
+    check_positive("max_tokens", max_tokens)
+    # The host copy only lives during prepare; from_tensors validates the blocks as it would a checkpoint's.
     qw = bf.QuantizedWeight.from_tensors("Q8_0", {"weight": emb.blocks.cpu().numpy()})
-    path = emb.query.path if emb.query is not None else "auto"  # a reference embedding gets a reference head
-    lin = prepare_linear(qw, device=emb.device, max_tokens=max_tokens, activation="bf16", path=path)
-    if lin.blocks is not None:
-        lin.blocks = _shared(lin.blocks, emb.blocks, "blocks")
-    if lin.tiles is not None:
-        lin.tiles.weight = _shared(lin.tiles.weight, emb.blocks, "tiles.weight")
+    path = emb.plan.query.path if emb.plan is not None else "auto"  # a reference embedding gets a reference head
+    query = Query("linear", "Q8_0", "bf16", "bf16", DeviceInfo.of(emb.device), path, emb.vocab, emb.hidden,
+                  max_tokens, (emb.vocab,), shares_bytes=True)  # fmt: skip
+    weights = DeviceWeights([qw], "bf16", None, emb.device)
+    if emb.device.type == "cuda":
+        weights.stacked.weight = _shared(weights.stacked.weight, emb.blocks, "stacked weight")
+    lin = PreparedLinear("Q8_0", "bf16", "bf16", emb.vocab, emb.hidden, max_tokens, emb.device, None,
+                         plans.build(query, weights))  # fmt: skip
+    lin.handle = _registry.register(lin)
     return lin
 
 

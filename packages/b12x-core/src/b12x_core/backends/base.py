@@ -103,6 +103,7 @@ class Query:
     max_tokens: int = 1
     shard_rows: tuple[int, ...] = ()  # rows of each fused shard
     moe: MoEShape | None = field(default=None)
+    shares_bytes: bool = False  # the weight's device bytes belong to another op (a tied LM head's embedding)
 
     @property
     def on_cuda(self) -> bool:

@@ -38,6 +38,8 @@ class TensorCoreGemm(Backend):
             return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
         if q.k % 8:
             return False, f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
+        if q.shares_bytes:
+            return False, "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
         why = cuda_reason(q)
         if why:
             return False, why
