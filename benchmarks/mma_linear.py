@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from decode_linear import copies_for, copy_bandwidth, time_graph
 
 import b12x_formats as bf
-from b12x_formats.kernel_facts import format_id
 from b12x_core import mma_layout, mma_path
+from b12x_formats.kernel_facts import format_id
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
 FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
@@ -81,7 +81,8 @@ def main() -> None:
     bw = copy_bandwidth()
     ms = [int(m) for m in args.ms.split(",")]
     layer_params = sum(n * k for _, n, k in LLAMA70B)
-    print(f"# {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-70B layer, {layer_params/1e6:.0f} M weights")
+    name = torch.cuda.get_device_name()
+    print(f"# {name}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-70B layer, {layer_params / 1e6:.0f} M weights")
 
     def layer_copies(make, nbytes):
         return [[make(n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes))]
@@ -101,22 +102,27 @@ def main() -> None:
         for name, t, nbytes in (("bf16 F.linear", t_bf16, 2 * layer_params), ("fp8 _scaled_mm", t_fp8, layer_params)):
             rows.append(dict(m=m, format=name, config="", us=t, gbs=nbytes / t / 1e3, speedup_bf16=t_bf16 / t))
             print(f"M={m:<5} {name:<16} {t:9.1f} µs  {nbytes / t / 1e3:6.0f} GB/s  {t_bf16 / t:5.2f}x bf16", flush=True)
-    del bf16, fp8
+    bf16 = fp8 = None  # free the baselines' weights before the quantized ones
     torch.cuda.empty_cache()
 
     for fmt in args.formats.split(","):
         one_layer = [random_shard(fmt, n, k) for _, n, k in LLAMA70B]
         nbytes = sum(shard_bytes(s) for s in one_layer)
-        layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes) - 1)]
+        layers = [one_layer] + [
+            [random_shard(fmt, n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes) - 1)
+        ]
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (8192, 28672)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA70B}
 
             def timed(configs):
-                wss = [mma_path.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs)]
+                wss = [
+                    mma_path.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
+                    for s, c in zip(one_layer, configs, strict=True)
+                ]
 
                 def layer(i):
-                    for s, c, ws in zip(layers[i], configs, wss):
+                    for s, c, ws in zip(layers[i], configs, wss, strict=True):
                         mma_path.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
 
                 return time_graph(layer, len(layers), args.replays)
@@ -141,12 +147,14 @@ def main() -> None:
                 results.append((timed(best), "best " + " ".join(f"{c.rt}:{c.mt}/{c.splits}" for c in best)))
             t_bf16, t_fp8 = base[m]
             for t, label in results:
-                row = dict(m=m, format=fmt, config=label, us=t, gbs=nbytes / t / 1e3, pct_copy=100 * nbytes / t / 1e3 / bw,
+                gbs = nbytes / t / 1e3
+                row = dict(m=m, format=fmt, config=label, us=t, gbs=gbs, pct_copy=100 * gbs / bw,
                            speedup_bf16=t_bf16 / t, speedup_fp8=t_fp8 / t)  # fmt: skip
                 rows.append(row)
                 print(f"M={m:<5} {fmt:<16} {t:9.1f} µs  {row['gbs']:6.0f} GB/s ({row['pct_copy']:3.0f}%)  "
-                      f"{row['speedup_bf16']:5.2f}x bf16  {row['speedup_fp8']:5.2f}x fp8  [{label}]", flush=True)  # fmt: skip
-        del layers, one_layer
+                      f"{row['speedup_bf16']:5.2f}x bf16  {row['speedup_fp8']:5.2f}x fp8  [{label}]",
+                      flush=True)  # fmt: skip
+        layers = one_layer = None  # free this format's copies
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "sms": sms, "rows": rows}, f, indent=1)
@@ -163,8 +171,10 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(9, 5.5))
     names = dict.fromkeys(r["format"] for r in rows)
     for name in names:
-        pts = sorted((r["m"], r["speedup_bf16"]) for r in rows if r["format"] == name and not r["config"].startswith("best"))
-        ax.plot(*zip(*pts), marker="o", label=name, linestyle="--" if " " in name else "-")
+        pts = sorted(
+            (r["m"], r["speedup_bf16"]) for r in rows if r["format"] == name and not r["config"].startswith("best")
+        )
+        ax.plot(*zip(*pts, strict=True), marker="o", label=name, linestyle="--" if " " in name else "-")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens (M)")

@@ -1,5 +1,6 @@
-"""A small run of the tensor-core GEMM for `compute-sanitizer --tool memcheck|racecheck python benchmarks/sanitize_mma.py`:
-every format, token tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M."""
+"""A small run of the tensor-core GEMM for
+`compute-sanitizer --tool memcheck|racecheck|synccheck python benchmarks/sanitize_mma.py`: every format, token
+tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M."""
 
 import numpy as np
 import torch

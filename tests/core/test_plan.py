@@ -143,9 +143,13 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
     backend = TensorCoreGemm.__new__(TensorCoreGemm)
     backends.Backend.__init__(backend, q, None)
     ranges = backend.configs(1, 300)
-    assert ranges[0][0] == 1 and ranges[-1][1] == 300 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert (
+        ranges[0][0] == 1
+        and ranges[-1][1] == 300
+        and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    )
     chunks = -(-k // mma_layout.chunk_k("NVFP4"))
-    for lo, hi, config in ranges:
+    for _, hi, config in ranges:
         assert config["tokens"] in (8, 16, 32) and (hi <= config["tokens"] or config["tokens"] == 32)
         assert 1 <= config["splits"] <= max(1, chunks // 4)
         if config["splits"] > 1:

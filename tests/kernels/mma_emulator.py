@@ -105,7 +105,9 @@ def effective_weight(mw: mma_layout.MmaWeight, tables: np.ndarray | None = None)
             w = words[..., g]
             groups.append([_bmul(_e2m1(w, p), muls[g >> 1]) for p in range(4)])
     elif fmt == "Q8_0":
-        d = np.take_along_axis(meta(mw.meta, 4).view("<f2").astype(np.float32), (t_idx >> 1)[..., None], axis=-1)[..., 0]
+        d = np.take_along_axis(meta(mw.meta, 4).view("<f2").astype(np.float32), (t_idx >> 1)[..., None], axis=-1)[
+            ..., 0
+        ]
         for g in range(2):
             pairs = []
             for w in (words[..., 2 * g], words[..., 2 * g + 1]):

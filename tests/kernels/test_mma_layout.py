@@ -7,11 +7,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from mma_emulator import effective_weight
 
 import b12x_formats as bf
 from b12x_core import mma_layout
-
-from mma_emulator import effective_weight
 
 FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"]
 EXACT = {"FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4"}

@@ -10,8 +10,8 @@ from .embedding import PreparedEmbedding, embedding, prepare_embedding
 from .errors import UnsupportedError
 from .linear import PreparedLinear, linear, prepare_linear
 from .moe import MOE_FORMATS, PreparedMoE, moe, prepare_moe, route_topk, shard_moe_weights
-from .weights import input_scale_of
 from .tied import prepare_tied_linear
+from .weights import input_scale_of
 
 __version__ = "0.1.0"
 

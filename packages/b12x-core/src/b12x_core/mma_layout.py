@@ -189,7 +189,6 @@ def _decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
     return 2.0 ** (bias - e), 2.0**e
 
 
-
 def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:
     """The checkpoint's block/code bytes back from the layout (the bijectivity check): {"weight": uint8 bytes
     as stored in the checkpoint, "weight_scale": uint8 bytes (MX/NVFP4)}."""

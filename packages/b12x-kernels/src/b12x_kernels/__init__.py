@@ -120,8 +120,8 @@ def mma_gemm(
     """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
     = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt), `rt` (row tiles of 16 per warp) and `splits` (K
     splits) are the caller's choice."""
-    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt, rt, splits,
-                partials, tickets, stream)  # fmt: skip
+    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt,
+                rt, splits, partials, tickets, stream)  # fmt: skip
 
 
 def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:

@@ -7,8 +7,8 @@ from .base import Backend, Config, DeviceInfo, MoEShape, Query
 from .cublas import BlockScaledMM, DecodeGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
-from .tensor_core import TensorCoreGemm
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
+from .tensor_core import TensorCoreGemm
 from .triton_moe import TritonMoE
 from .triton_tiles import TritonTiles
 
