@@ -84,7 +84,10 @@ def test_layering_formats_imports_no_torch_at_import_time():
 
 
 # b12x_formats' modules behind its CLI (the demo builds a checkpoint as `b12x-formats quantize` does)
-FORMATS_TOOLS = {"b12x_formats.modelopt", "b12x_formats.example", "b12x_formats.hf_quantize", "b12x_formats.inspect"}
+# The formats' tool modules (what the CLI runs: checkpoint I/O, GGUF import, quantize and its layer choice),
+# public for tools such as the plugin's demo.
+FORMATS_TOOLS = {"b12x_formats.modelopt", "b12x_formats.example", "b12x_formats.hf_quantize", "b12x_formats.inspect",
+                 "b12x_formats.checkpoint", "b12x_formats.gguf_convert", "b12x_formats.layer_choice"}  # fmt: skip
 
 
 def test_layering_the_plugin_uses_only_public_names():

@@ -453,7 +453,8 @@ def test_sigterm_through_the_cli(models, tmp_path):
             return real(*args, **kwargs)
         import b12x_formats.hf_quantize as hq
         hq.quantize = quantize_then_die
-        sys.exit(main(["quantize", {str(models / "hf")!r}, {str(tmp_path / "q")!r}, "--default", "Q8_0"]))
+        # --jobs 1: quantize in this process, where it is patched (worker processes would not see it)
+        sys.exit(main(["quantize", {str(models / "hf")!r}, {str(tmp_path / "q")!r}, "--default", "Q8_0", "--jobs", "1"]))
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

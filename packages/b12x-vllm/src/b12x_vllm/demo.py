@@ -24,6 +24,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import b12x_formats as bf
+
 from .eval import PARAGRAPH, EngineError, run_model
 
 QUESTION = "What is the capital of France?"
@@ -65,7 +67,6 @@ def mix_rules(checkpoint: Path) -> list[tuple[str, str]]:
 
     from b12x_formats.checkpoint import Checkpoint
     from b12x_formats.layer_choice import owned_tensors
-    from b12x_formats.quantized import codec_for
 
     ckpt = Checkpoint(checkpoint)
     stored = ckpt.quantized_layers()
@@ -79,7 +80,7 @@ def mix_rules(checkpoint: Path) -> list[tuple[str, str]]:
     rules = []
     for glob, formats in MIX:
         layer_ks = {k for prefix, k in ks.items() if fnmatch.fnmatchcase(prefix, glob)}
-        fits = [f for f in formats if all(k % codec_for(f).spec.k_multiple == 0 for k in layer_ks)]
+        fits = [f for f in formats if all(k % bf.spec(f).k_multiple == 0 for k in layer_ks)]
         if layer_ks and fits:
             rules.append((glob, fits[0]))
     return rules
