@@ -4,22 +4,14 @@
 
 namespace b12x {
 namespace mma {
-extern template cudaError_t launch_cfg<FmtFP8>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtFP8>(int, int);
-extern template cudaError_t launch_cfg<FmtFP8Block>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtFP8Block>(int, int);
-extern template cudaError_t launch_cfg<FmtMXFP8>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtMXFP8>(int, int);
-extern template cudaError_t launch_cfg<FmtFP4<true>>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtFP4<true>>(int, int);
-extern template cudaError_t launch_cfg<FmtFP4<false>>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtFP4<false>>(int, int);
-extern template cudaError_t launch_cfg<FmtQ8_0>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtQ8_0>(int, int);
-extern template cudaError_t launch_cfg<FmtIQ2<false>>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtIQ2<false>>(int, int);
-extern template cudaError_t launch_cfg<FmtIQ2<true>>(int, int, const MmaParams&, int, cudaStream_t);
-extern template int blocks_per_sm_cfg<FmtIQ2<true>>(int, int);
+B12X_MMA_KERNELS(extern, FmtFP8)
+B12X_MMA_KERNELS(extern, FmtFP8Block)
+B12X_MMA_KERNELS(extern, FmtMXFP8)
+B12X_MMA_KERNELS(extern, FmtFP4<true>)
+B12X_MMA_KERNELS(extern, FmtFP4<false>)
+B12X_MMA_KERNELS(extern, FmtQ8_0)
+B12X_MMA_KERNELS(extern, FmtIQ2<false>)
+B12X_MMA_KERNELS(extern, FmtIQ2<true>)
 }  // namespace mma
 
 using namespace mma;

@@ -570,5 +570,11 @@ int blocks_per_sm_cfg(int mt, int rt) {
   return mt == 1 ? blocks_per_sm<F, 1, 1>() : mt == 2 ? blocks_per_sm<F, 2, 1>() : blocks_per_sm<F, 4, 1>();
 }
 
+// Declares (`extern`) or instantiates (nothing) the kernels of decode functor F: mma_gemm.cu declares every
+// format's, mma_gemm_<format>.cu instantiates its own, so the formats compile in parallel translation units.
+#define B12X_MMA_KERNELS(PREFIX, F)                                                        \
+  PREFIX template cudaError_t launch_cfg<F>(int, int, const MmaParams&, int, cudaStream_t); \
+  PREFIX template int blocks_per_sm_cfg<F>(int, int);
+
 }  // namespace mma
 }  // namespace b12x

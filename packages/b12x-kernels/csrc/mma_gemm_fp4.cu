@@ -4,9 +4,7 @@
 
 namespace b12x {
 namespace mma {
-template cudaError_t launch_cfg<FmtFP4<true>>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtFP4<true>>(int, int);
-template cudaError_t launch_cfg<FmtFP4<false>>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtFP4<false>>(int, int);
+B12X_MMA_KERNELS(, FmtFP4<true>)
+B12X_MMA_KERNELS(, FmtFP4<false>)
 }  // namespace mma
 }  // namespace b12x

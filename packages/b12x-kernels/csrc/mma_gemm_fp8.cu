@@ -4,9 +4,7 @@
 
 namespace b12x {
 namespace mma {
-template cudaError_t launch_cfg<FmtFP8>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtFP8>(int, int);
-template cudaError_t launch_cfg<FmtFP8Block>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtFP8Block>(int, int);
+B12X_MMA_KERNELS(, FmtFP8)
+B12X_MMA_KERNELS(, FmtFP8Block)
 }  // namespace mma
 }  // namespace b12x

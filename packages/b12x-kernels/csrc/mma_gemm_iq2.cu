@@ -4,9 +4,7 @@
 
 namespace b12x {
 namespace mma {
-template cudaError_t launch_cfg<FmtIQ2<false>>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtIQ2<false>>(int, int);
-template cudaError_t launch_cfg<FmtIQ2<true>>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtIQ2<true>>(int, int);
+B12X_MMA_KERNELS(, FmtIQ2<false>)
+B12X_MMA_KERNELS(, FmtIQ2<true>)
 }  // namespace mma
 }  // namespace b12x

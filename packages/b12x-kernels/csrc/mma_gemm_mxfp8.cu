@@ -4,7 +4,6 @@
 
 namespace b12x {
 namespace mma {
-template cudaError_t launch_cfg<FmtMXFP8>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtMXFP8>(int, int);
+B12X_MMA_KERNELS(, FmtMXFP8)
 }  // namespace mma
 }  // namespace b12x

@@ -4,7 +4,6 @@
 
 namespace b12x {
 namespace mma {
-template cudaError_t launch_cfg<FmtQ8_0>(int, int, const MmaParams&, int, cudaStream_t);
-template int blocks_per_sm_cfg<FmtQ8_0>(int, int);
+B12X_MMA_KERNELS(, FmtQ8_0)
 }  // namespace mma
 }  // namespace b12x
