@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     result["quantization"] = llm.llm_engine.vllm_config.model_config.quantization
     if args.text:
         ids = token_ids(llm, args.text.read_text())
-        scores = token_logprobs(llm, ids, max_model_len)
+        scores = token_logprobs(llm, ids, max_model_len - 1)  # each window plus the one token generated fits
         result |= {"perplexity": perplexity(scores), "tokens": len(scores), "token_ids": ids, "logprobs": scores}
     if args.chat:
         result["chat"] = {"question": args.chat, "answer": chat(llm, args.chat)}
