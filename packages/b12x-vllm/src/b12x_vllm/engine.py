@@ -64,10 +64,15 @@ def perplexity(logprobs: list[float]) -> float:
 
 
 def chat(llm, question: str, max_tokens: int = 64) -> str:
+    """The model's greedy answer through its chat template; a model whose tokenizer has none (a base model, the
+    example checkpoint) continues the question as plain text instead."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    out = llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)
+    if getattr(llm.get_tokenizer(), "chat_template", None):
+        out = llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)
+    else:
+        out = llm.generate([question], params, use_tqdm=False)
     return out[0].outputs[0].text.strip()
 
 
