@@ -127,7 +127,7 @@ def main() -> None:
 
                 return time_graph(layer, len(layers), args.replays)
 
-            mt = mma_path.default_config(m, 1, 1, 1).mt
+            mt = mma_path.token_tile(m)
             results = []
             for rt in args.rts:
                 slots = mma_path.slots(fmt, mt, "cuda", rt)

@@ -70,11 +70,16 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -
     return out
 
 
+def token_tile(m: int) -> int:
+    """mt of the token tile (8·mt tokens) that covers m tokens in the fewest tiles: 8, 16, then 32 per tile."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4
+
+
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1) -> MmaConfig:
     """The token tile that covers M in the fewest tiles, and the K split whose CTAs fill the GPU's `slots`
     (SMs × CTAs per SM) in the most even waves: a last partial wave leaves SMs idle while it runs. Each split
     keeps at least 4 chunks; more splits cost a little (partials written and summed), so ties take fewer."""
-    mt = 1 if m <= 8 else 2 if m <= 16 else 4
+    mt = token_tile(m)
     tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
 
     def cost(splits: int) -> float:

@@ -70,8 +70,7 @@ class TensorCoreGemm(Backend):
         slots = {mt: self._slots(mt) for mt in mma_path.TOKEN_TILES}
 
         def config_of(m: int) -> dict:
-            mt = mma_path.default_config(m, q.n, chunks, 1).mt
-            c = mma_path.default_config(m, q.n, chunks, slots[mt])
+            c = mma_path.default_config(m, q.n, chunks, slots[mma_path.token_tile(m)])
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
         ranges = config_ranges(lo, hi, config_of)
@@ -94,8 +93,9 @@ class TensorCoreGemm(Backend):
     def run(self, x2, bias, *, config):
         q = self.query
         m = x2.shape[0]
-        carved = workspace.carve(x2.device, operands.bf16_specs(q.act_mode, m, q.k) + self._partials(m, config))
-        values = carved[: len(carved) - len(self._partials(m, config))]
+        operand_specs = operands.bf16_specs(q.act_mode, m, q.k)
+        carved = workspace.carve(x2.device, operand_specs + self._partials(m, config))
+        values = carved[: len(operand_specs)]
         xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale, values or None)
         y = torch.empty(m, q.n, dtype=torch.bfloat16, device=x2.device)
         if bias is not None and bias.dtype != torch.bfloat16:
