@@ -76,7 +76,12 @@ def test_every_token_count_maps_to_a_warmed_row_and_explain_lists_every_row(rng)
     text = p.explain("header")
     assert all(f"{row.lo}-{row.hi} " in text for row in p.rows)
     m = int(rng.integers(1, max_tokens + 1))
-    assert sum(line.strip().startswith(f"{p.for_tokens(m).lo}-") for line in p.explain("h", m).splitlines()) == 1
+    row = p.for_tokens(m)
+    # Decision lines read "lo-hi tokens -> backend"; configuration lines start with their row's range alone.
+    config_lines = [
+        line.strip() for line in p.explain("h", m).splitlines() if line.strip()[:1].isdigit() and "tokens ->" not in line
+    ]
+    assert len(config_lines) == 1 and config_lines[0].startswith(f"{row.lo}-{row.hi} ")
 
 
 def test_measured_ranges_go_to_the_fastest_capable_backend(rng):
