@@ -79,7 +79,9 @@ def test_every_token_count_maps_to_a_warmed_row_and_explain_lists_every_row(rng)
     row = p.for_tokens(m)
     # Decision lines read "lo-hi tokens -> backend"; configuration lines start with their row's range alone.
     config_lines = [
-        line.strip() for line in p.explain("h", m).splitlines() if line.strip()[:1].isdigit() and "tokens ->" not in line
+        line.strip()
+        for line in p.explain("h", m).splitlines()
+        if line.strip()[:1].isdigit() and "tokens ->" not in line
     ]
     assert len(config_lines) == 1 and config_lines[0].startswith(f"{row.lo}-{row.hi} ")
 
