@@ -1,16 +1,18 @@
-"""Fused MoE on the GPU: b12x (bc.moe, dispatched) beside a bf16 reference MoE (per-expert F.linear on bf16
-weights), every MoE format × its activation formats.
+"""Fused MoE on the GPU: b12x beside a bf16 grouped MoE (torch routing, two `torch._grouped_mm` GEMMs, SiLU·up,
+torch combine), every MoE format × its activation formats, per b12x backend.
 
-    python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,2,4,8,16,64,512,4096]
-        [--cases MXFP4:bf16,NVFP4:nvfp4,...]
+    python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,4,16,64,256,1024,4096]
+        [--cases MXFP4:bf16,NVFP4:nvfp4,...] [--backends auto,triton_moe,tensor_core_moe]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
 H=2880, I=2880), dsv3 = DeepSeek-V3-like (E=256, top-8, H=7168, I=2048). Routing: random logits, renormalised
-top-k. Both are timed as CUDA-graph replays (median of 100): b12x with two prepared copies alternating, so for
-the small shapes the weights are not all L2-resident; the bf16 reference loops over the touched experts, its
-token lists read from the routing before capture. At T=1 the bandwidth floor counts the bytes of the touched experts'
-weights (FORMATS.md) against the device copy bandwidth measured in the same run; at large T, TFLOP/s counts
-the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16 on a [4096, H] × [2I, H] GEMM measured in the same run.
+top-k. Backends: "auto" is bc.moe (the plan's choice); a backend name runs that backend alone (plan.build only=).
+Everything is timed as CUDA-graph replays (median of 100): b12x with two prepared copies alternating, so for
+the small shapes the weights are not all L2-resident; the bf16 baseline does its routing (a stable sort, counts
+by scatter-add: no host sync) and combine (index_add in float32) inside the graph, as b12x does. At T=1 the
+bandwidth floor counts the bytes of the touched experts' weights (FORMATS.md) against the device copy bandwidth
+measured in the same run; at large T, TFLOP/s counts the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16
+on a [4096, H] × [2I, H] GEMM measured in the same run.
 """
 
 from __future__ import annotations
@@ -25,40 +27,57 @@ from decode_linear import copy_bandwidth, random_weight, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
+from b12x_core import backends, plan
 from b12x_core.moe import MOE_FORMATS
+from b12x_core.weights import DeviceWeights, as_shards
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
 
 
-def expert_groups(ids) -> list:
-    """(expert, token rows, slot columns) of each touched expert: the routing, read once outside the timing."""
-    return [(e, *(ids == e).nonzero(as_tuple=True)) for e in torch.unique(ids).tolist()]
-
-
-def bf16_moe(x, weights, groups, w13, w2, inter):
-    """Per touched expert: gate/up F.linear, SiLU·up, down F.linear, weighted scatter-add (graph-capturable)."""
-    y = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-    for e, tokens, slots in groups:
-        h = F.linear(x[tokens], w13[e])
-        a = F.silu(h[:, :inter]) * h[:, inter:]
-        y.index_add_(0, tokens, F.linear(a, w2[e]).float() * weights[tokens, slots, None])
+def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
+    """bf16 MoE through torch._grouped_mm: slots sorted by expert, both GEMMs grouped by cumulative counts,
+    SiLU·up, router-weighted index_add. w13_t [E, H, 2I] and w2_t [E, I, H] are transposed views (column-major
+    B operands, as _grouped_mm takes them)."""
+    t, k = ids.shape
+    flat = ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.zeros(w13_t.shape[0], dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount would sync to size itself
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    tokens = order // k
+    h = torch._grouped_mm(x[tokens], w13_t, offs=offs)
+    a = F.silu(h[:, :inter]) * h[:, inter:]
+    out = torch._grouped_mm(a, w2_t, offs=offs)
+    y = torch.zeros(t, w2_t.shape[2], dtype=torch.float32, device=x.device)
+    y.index_add_(0, tokens, out.float() * weights.reshape(-1)[order, None])
     return y.to(torch.bfloat16)
 
 
-def expert_bytes(p, touched: int) -> int:
-    backend = p.plan.rows[0].backend  # the Triton MoE backend: experts stacked by rows
-    t13, t2 = backend.w13, backend.w2
-    per_expert = sum(t.weight.numel() * t.weight.element_size() + (0 if t.scales is None else t.scales.numel() *
-                     t.scales.element_size()) for t in (t13, t2)) // p.experts  # fmt: skip
-    return per_expert * touched
+def expert_bytes(w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, experts: int, touched: int) -> int:
+    return (w13.nbytes + w2.nbytes) // experts * touched
+
+
+def backend_moe(p, w13, w2, name: str):
+    """-> call(x, weights, ids): bc.moe for "auto", else the named backend alone over p's query and weights."""
+    if name == "auto":
+        return lambda x, weights, ids: bc.moe(x, weights, ids, p)
+    cls = next(c for c in backends.for_op("moe") if c.name == name)
+    ok, why = cls.can_implement(p.plan.query)
+    if not ok:
+        raise bc.UnsupportedError(f"{name}: {why}")
+    weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
+               DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
+    alone = plan.build(p.plan.query, weights, only=cls)
+    return lambda x, weights, ids: alone.for_tokens(x.shape[0]).run(x, weights, ids)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3,gptoss,dsv3")
-    parser.add_argument("--ts", default="1,2,4,8,16,64,512,4096")
+    parser.add_argument("--ts", default="1,4,16,64,256,1024,4096")
     parser.add_argument("--cases", default=",".join(f"{f}:{a}" for f, acts in MOE_FORMATS.items() for a in acts),
                         help="format:activation pairs")  # fmt: skip
+    parser.add_argument("--backends", default="auto,tensor_core_moe", help="auto (bc.moe) and/or backend names")
     parser.add_argument("--out", default="moe.json")
     parser.add_argument("--png", default="moe.png")
     args = parser.parse_args()
@@ -71,11 +90,19 @@ def main() -> None:
         e, k, h, inter = SHAPES[shape]
         w13_bf16 = torch.randn(e, 2 * inter, h, dtype=torch.bfloat16, device="cuda") / h**0.5
         w2_bf16 = torch.randn(e, h, inter, dtype=torch.bfloat16, device="cuda") / inter**0.5
+        w13_t, w2_t = w13_bf16.transpose(1, 2), w2_bf16.transpose(1, 2)
         a = torch.randn(4096, h, dtype=torch.bfloat16, device="cuda")
         dense_flops = 2 * 4096 * h * 2 * inter
         t_dense = time_graph(lambda i: F.linear(a, w13_bf16[i]), 2)  # cuBLAS bf16 rate on this shape
         dense_tflops = dense_flops / t_dense / 1e6
         print(f"## {shape}: E={e} top-{k} H={h} I={inter}; cuBLAS bf16 {dense_tflops:.0f} TFLOP/s")
+        routes = {}
+        for t in ts:
+            weights, ids = bc.route_topk(torch.randn(t, e, device="cuda"), k)
+            x = torch.randn(t, h, dtype=torch.bfloat16, device="cuda")
+            ref_us = time_graph(lambda i: bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter), 1)
+            routes[t] = (x, weights, ids, ref_us)
+            print(f"  bf16 grouped  T={t:<5} {ref_us:>9.1f} µs", flush=True)
         cases = [case.split(":") for case in args.cases.split(",")]
         for fmt in dict.fromkeys(f for f, _ in cases):
             w13 = random_weight(fmt, 2 * inter, h, (e,))
@@ -84,28 +111,29 @@ def main() -> None:
                 if act == "nvfp4":  # the checkpoint's per-expert activation scale
                     scale = {"input_scale": np.full(e, 0.01, np.float32)}
                     w13, w2 = (bf.QuantizedWeight.from_tensors(fmt, {**w.tensors, **scale}) for w in (w13, w2))
-                try:
-                    preps = [bc.prepare_moe(w13, w2, max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
-                             for _ in range(2)]  # fmt: skip
-                except bc.UnsupportedError as err:
-                    print(f"  {fmt} × {act}: {err}")
-                    continue
-                for t in ts:
-                    x = torch.randn(t, h, dtype=torch.bfloat16, device="cuda")
-                    weights, ids = bc.route_topk(torch.randn(t, e, device="cuda"), k)
-                    us = time_graph(lambda i: bc.moe(x, weights, ids, preps[i]), 2)
-                    groups = expert_groups(ids)
-                    ref_us = time_graph(lambda i: bf16_moe(x, weights, groups, w13_bf16, w2_bf16, inter), 1)
-                    touched = int(torch.unique(ids).numel())
-                    nbytes = expert_bytes(preps[0], touched)
-                    flops = 2 * t * k * (2 * inter * h + h * inter)
-                    row = dict(shape=shape, format=fmt, act=act, t=t, us=us, bf16_ref_us=ref_us, touched=touched,
-                               gbs=nbytes / us / 1e3, pct_copy=100 * nbytes / us / 1e3 / bw,
-                               tflops=flops / us / 1e6, pct_cublas=100 * flops / us / 1e6 / dense_tflops)  # fmt: skip
-                    rows.append(row)
-                    print(f"  {fmt:<12} × {act:<6} T={t:<5} {us:>9.1f} µs  bf16 ref {ref_us:>9.1f} µs  "
-                          f"{row['pct_copy']:>5.1f}% copy  {row['pct_cublas']:>5.1f}% cuBLAS", flush=True)  # fmt: skip
-                save(args.out, bw, rows)  # after each format: a run cut short keeps what it measured
+                for name in args.backends.split(","):
+                    try:
+                        preps = [bc.prepare_moe(w13, w2, max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
+                                 for _ in range(2)]  # fmt: skip
+                        calls = [backend_moe(p, w13, w2, name) for p in preps]
+                    except bc.UnsupportedError as err:
+                        print(f"  {fmt} × {act} {name}: {err}")
+                        continue
+                    for t in ts:
+                        x, weights, ids, ref_us = routes[t]
+                        us = time_graph(lambda i: calls[i](x, weights, ids), 2)
+                        touched = int(torch.unique(ids).numel())
+                        nbytes = expert_bytes(w13, w2, e, touched)
+                        flops = 2 * t * k * (2 * inter * h + h * inter)
+                        row = dict(shape=shape, format=fmt, act=act, backend=name, t=t, us=us, bf16_ref_us=ref_us,
+                                   speedup=ref_us / us, touched=touched, gbs=nbytes / us / 1e3,
+                                   pct_copy=100 * nbytes / us / 1e3 / bw, tflops=flops / us / 1e6,
+                                   pct_cublas=100 * flops / us / 1e6 / dense_tflops)  # fmt: skip
+                        rows.append(row)
+                        print(f"  {fmt:<12} × {act:<6} {name:<16} T={t:<5} {us:>9.1f} µs  "
+                              f"{ref_us / us:>5.2f}× bf16  {row['pct_copy']:>5.1f}% copy  "
+                              f"{row['pct_cublas']:>5.1f}% cuBLAS", flush=True)  # fmt: skip
+                    save(args.out, bw, rows)  # after each backend: a run cut short keeps what it measured
     save(args.out, bw, rows)
     plot(rows, args.png)
 
@@ -124,15 +152,15 @@ def plot(rows: list, path: str) -> None:
     shapes = sorted({r["shape"] for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
-        for fmt, act in sorted({(r["format"], r["act"]) for r in rows if r["shape"] == shape}):
-            pts = [(r["t"], r["us"]) for r in rows if (r["shape"], r["format"], r["act"]) == (shape, fmt, act)]
-            ax.plot(*zip(*pts, strict=True), marker="o", label=f"{fmt} × {act}")
-        ref = sorted(
-            {(r["t"], r["bf16_ref_us"]) for r in rows if r["shape"] == shape and r["format"] == rows[0]["format"]}
-        )
-        ax.plot(*zip(*ref, strict=True), "k--", label="bf16 reference MoE")
+        here = [r for r in rows if r["shape"] == shape]
+        for series in sorted({(r["format"], r["act"], r.get("backend", "auto")) for r in here}):
+            pts = [(r["t"], r["us"]) for r in here if (r["format"], r["act"], r.get("backend", "auto")) == series]
+            fmt, act, name = series
+            ax.plot(*zip(*pts, strict=True), marker="o", label=f"{fmt} × {act} ({name})")
+        ref = sorted({(r["t"], r["bf16_ref_us"]) for r in here})
+        ax.plot(*zip(*ref, strict=True), "k--", label="bf16 torch._grouped_mm MoE")
         ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="µs", title=shape)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -142,13 +142,13 @@ def test_routing_kernel_matches_torch_tables(rng, tokens, top_k, experts, rows_p
     assert torch.equal(fused[2][work], ref[2][work]) and torch.equal(fused[3][work], ref[3][work])
 
 
-def alone(p, w13, w2, device_info=None):
-    """A plan of the Triton MoE backend alone for a prepared MoE's query (on `device_info`: another device's SM
-    count and shared memory), unwarmed."""
+def alone(p, w13, w2, device_info=None, backend=TritonMoE):
+    """A plan of one MoE backend (the Triton one unless told) alone for a prepared MoE's query (on
+    `device_info`: another device's SM count and shared memory), unwarmed."""
     query = p.plan.query if device_info is None else dataclasses.replace(p.plan.query, device=device_info)
     weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
                DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
-    return plan.build(query, weights, only=TritonMoE, warm=False)
+    return plan.build(query, weights, only=backend, warm=False)
 
 
 def interpreted(rng, fmt, act_format, activation, order, t, device_info=None):

@@ -34,6 +34,15 @@ cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64
                            int V, int H, cudaStream_t stream);
 
 // Tensor-core mixed-input GEMM (mma_gemm.cu) over weights repacked by b12x_core/mma_layout.py.
+// What the result becomes (the epilogue), per output element v = alpha * row_scale[row] * sum_k x·W:
+enum MmaOut : int {
+  MMA_OUT_BF16 = 0,   // y[m * ldy + n] = bf16(v + bias[n])
+  MMA_OUT_SILU = 1,   // rows interleaved 8 gate / 8 up per 16-row tile: y[m * ldy + 8·tile + i] =
+                      //   bf16(silu(gate row i) · up row i) (N/2 columns)
+  MMA_OUT_RELU2 = 2,  // y[m * ldy + n] = bf16(max(v, 0)²)
+  MMA_OUT_F32 = 3,    // partials[split, m, n] = v (fp32, no reduction: each K split writes its own slab)
+};
+
 struct MmaArgs {
   int format;                 // FMT_* (format_facts.h)
   const uint8_t* codes;       // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
@@ -43,16 +52,29 @@ struct MmaArgs {
   const uint32_t* tables;     // IQ2: grid nibble codes, then 128 sign nibble masks
   float alpha;                // per-tensor scale of the result
   float scale_mul;            // power of two multiplying block scales in the decode (alpha holds its inverse)
-  const __nv_bfloat16* x;     // [M, K] (row stride K), 16-byte aligned
-  const __nv_bfloat16* bias;  // [N] or null
+  const float* row_scale;     // per weight row (of the stacked weight) factor of the result, or null
+  const __nv_bfloat16* x;     // [rows, K] (row stride K), 16-byte aligned
+  const __nv_bfloat16* bias;  // [N] or null (MMA_OUT_BF16 only)
   __nv_bfloat16* y;           // y[m * ldy + n]
-  int ldy, M, N, K;
+  int ldy, M, N, K;           // M: output rows (tokens, or token slots when grouped); N: weight rows (per expert)
   int chunks;                 // K chunks in the repacked weight (K padded to mma_chunk_k)
   int mt;                     // token tile = 8 * mt tokens (1, 2 or 4)
   int rt;                     // row tiles of 16 per warp (1 or 2): 8/rt warps per CTA
-  int splits;                 // K splits; > 1 needs partials and tickets
+  int splits;                 // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
   float* partials;            // fp32 [splits, M, N]
-  int* tickets;               // int [ceil(N/128) * ceil(M/(8*mt))], zero at rest (the kernel leaves it zero)
+  int* tickets;               // int [ceil(N/128) * token tiles], zero at rest (the kernel leaves it zero)
+  int epilogue;               // MmaOut
+  // Grouped (fused MoE) when `order` is set: the weight stacks experts (expert e owns rows [e·N, (e+1)·N),
+  // N % 16 == 0) and token tile b is block b of an expert-sorted block table (b12x_core/backends/triton_moe.py
+  // block_table): expert block_expert[b] (−1: nothing to do), sorted positions block_start[b] .. + block_rows[b]
+  // (at most 8·mt), each holding a token slot order[pos]. A slot's input row is slot / top_k (gather) or the
+  // slot itself (top_k 0); its output row is the slot.
+  const int* order;
+  const int* block_expert;
+  const int* block_start;
+  const int* block_rows;
+  int blocks;
+  int top_k;
 };
 
 // K elements per chunk for a format (0 if unknown).

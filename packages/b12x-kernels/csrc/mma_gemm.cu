@@ -45,26 +45,9 @@ int mma_chunk_k(int format) {
 
 cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
   MmaParams p{};
-  p.codes = reinterpret_cast<const uint4*>(a.codes);
-  p.meta = a.meta;
-  p.meta2 = a.meta2;
-  p.block_scale = a.block_scale;
-  p.tables = a.tables;
-  p.alpha = a.alpha;
-  p.scale_mul = a.scale_mul;
-  p.x = a.x;
-  p.bias = a.bias;
-  p.y = a.y;
-  p.ldy = a.ldy;
-  p.M = a.M;
-  p.N = a.N;
-  p.K = a.K;
+  static_cast<MmaArgs&>(p) = a;
   p.n16 = (a.N + 15) / 16;
-  p.chunks = a.chunks;
-  p.splits = a.splits;
   p.chunks_per_split = (a.chunks + a.splits - 1) / a.splits;
-  p.partials = a.partials;
-  p.tickets = a.tickets;
   const int nblocks = (p.n16 + kWarps - 1) / kWarps;  // kWarps row tiles (128 rows) per CTA
   return with_format(a.format, cudaErrorInvalidValue,
                      [&](auto f) { return launch_cfg<decltype(f)>(a.mt, a.rt, p, nblocks, stream); });

@@ -38,20 +38,10 @@ constexpr int kWarps = 8;  // row tiles (of 16) per CTA: 128 rows
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
-struct MmaParams {
-  const uint4* codes;        // repacked code tiles
-  const uint8_t* meta;       // per (row, chunk) scale bytes, row-blocked (see mma_layout.py)
-  const uint8_t* meta2;      // IQ2_XS: its 8 sub-block scale bytes per (row, chunk)
-  const float* block_scale;  // FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
-  const uint32_t* tables;    // IQ2: grid nibble codes [grid entries] then sign nibble masks [128]
-  float alpha;
-  float scale_mul;  // power of two applied to block scales (alpha carries its inverse)
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* bias;
-  __nv_bfloat16* y;
-  int ldy, M, N, K, n16, chunks, chunks_per_split, splits;
-  float* partials;  // [splits, M, N] fp32 (splits > 1)
-  int* tickets;     // [m tiles, n blocks], zero at rest
+// The kernel's parameters: the host's arguments plus what it derives from them once.
+struct MmaParams : MmaArgs {
+  int n16;               // 16-row tiles per expert (the whole weight when not grouped)
+  int chunks_per_split;  // K chunks each split walks
 };
 
 // ---------------------------------------------------------------------------------------------- helpers
@@ -308,7 +298,8 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
 }
 
 // A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
-// each B operand loaded from shared memory feed RT tiles' MMAs.
+// each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
+// block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
 template <class F, int MT, int RT>
 __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
@@ -325,8 +316,31 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int tile_base = (nblk * WARPS + warp) * RT;  // this warp's row tiles: tile_base .. tile_base + RT - 1
   const bool rows_live = tile_base < p.n16;
-  const int m0 = mtile * TOK;
   uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
+
+  // The token tile's rows: input row (x) and output row (y / partials) of each, −1 past the tile's end.
+  __shared__ int src_row[TOK], dst_row[TOK];
+  int expert = 0;
+  if (p.order) {
+    expert = p.block_expert[mtile];
+    if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
+  }
+  if (threadIdx.x < TOK) {
+    const int r = threadIdx.x;
+    int src = -1, dst = -1;
+    if (p.order) {
+      if (r < p.block_rows[mtile]) {
+        dst = p.order[p.block_start[mtile] + r];
+        src = p.top_k ? dst / p.top_k : dst;
+      }
+    } else if (mtile * TOK + r < p.M) {
+      src = dst = mtile * TOK + r;
+    }
+    src_row[r] = src;
+    dst_row[r] = dst;
+  }
+  __syncthreads();
+  const int tile_global = expert * p.n16 + tile_base;  // in the stacked weight
 
   if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
     for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
@@ -339,8 +353,8 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
     const int k_end = min(p.K, c_end * F::KB);
     for (int i = threadIdx.x; i < TOK * PIECES_PER_ROW; i += THREADS) {
       const int r = i / PIECES_PER_ROW, pc = i % PIECES_PER_ROW;
-      const int m = m0 + r, k = c0 * F::KB + pc * 8;
-      const bool ok = m < p.M && k < k_end;
+      const int m = src_row[r], k = c0 * F::KB + pc * 8;
+      const bool ok = m >= 0 && k < k_end;
       const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
       cp_async16(dst + r * XROW + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
     }
@@ -350,9 +364,9 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
   // and 1 of tile (n16, c)), and lanes 0.. / 16.. copy the tile's scale bytes (16 rows × META / META2).
   // Ring slots are indexed by chunk & (kStages - 1); the tile pointers advance by one tile per chunk.
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
-  const uint4* code_base = p.codes + size_t(tile_base) * p.chunks * 64 + lane;
-  const uint8_t* meta_base = p.meta + size_t(tile_base) * p.chunks * 16 * F::META + 16 * lane;
-  const uint8_t* meta2_base = p.meta2 + size_t(tile_base) * p.chunks * 16 * F::META2 + 16 * (lane - 16);
+  const uint4* code_base = reinterpret_cast<const uint4*>(p.codes) + size_t(tile_global) * p.chunks * 64 + lane;
+  const uint8_t* meta_base = p.meta + size_t(tile_global) * p.chunks * 16 * F::META + 16 * lane;
+  const uint8_t* meta2_base = p.meta2 + size_t(tile_global) * p.chunks * 16 * F::META2 + 16 * (lane - 16);
   auto issue = [&](int c) {
     if (c >= c_end) return;
 #pragma unroll
@@ -375,7 +389,7 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
           const int kblocks = (p.K + 127) / 128;
           const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
           asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
-                       "l"(p.block_scale + size_t((tile_base + r) / 8) * kblocks + (c * F::KB) / 128));
+                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (c * F::KB) / 128));
         }
       }
     }
@@ -476,27 +490,60 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
   }
   cp_async_wait<0>();
 
-  // Epilogue. c0,c1: row q, tokens 2t, 2t+1; c2,c3: row q+8.
-  auto token = [&](int j, int e) { return m0 + 8 * j + 2 * t + (e & 1); };
-  auto row = [&](int r, int e) { return (tile_base + r) * 16 + q + 8 * (e >> 1); };
-  auto in_range = [&](int r, int j, int e) { return token(j, e) < p.M && row(r, e) < p.N; };
-  auto finish = [&](int r, int j, int e, float v) {
-    if (!in_range(r, j, e)) return;
-    const int n = row(r, e);
+  // Epilogue. c0,c1: row q, tile rows 2t, 2t+1; c2,c3: row q+8.
+  auto out_row = [&](int j, int e) { return dst_row[8 * j + 2 * t + (e & 1)]; };  // −1: none
+  auto row = [&](int r, int e) { return (tile_base + r) * 16 + q + 8 * (e >> 1); };  // within the expert
+  auto in_range = [&](int r, int j, int e) { return out_row(j, e) >= 0 && row(r, e) < p.N; };
+  auto scaled = [&](int r, int e, float v) {
     v *= p.alpha;
-    if (p.bias) v += __bfloat162float(p.bias[n]);
-    p.y[size_t(token(j, e)) * p.ldy + n] = __float2bfloat16_rn(v);
+    return p.row_scale ? v * __ldg(p.row_scale + size_t(expert) * p.N + row(r, e)) : v;
   };
-  if (p.splits == 1) {
+  auto part_index = [&](int s, int r, int j, int e) {
+    return (size_t(s) * p.M + out_row(j, e)) * p.N + row(r, e);
+  };
+  // v: the four (split-summed) accumulators of row tile r, token group j.
+  auto finish = [&](int r, int j, const float (&v)[4]) {
+    if (p.epilogue == MMA_OUT_SILU) {  // gate rows q (c0, c1) pair with up rows q + 8 (c2, c3)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (!in_range(r, j, e)) continue;
+        const float g = scaled(r, e, v[e]), u = scaled(r, e + 2, v[e + 2]);
+        const float h = g / (1.f + __expf(-g)) * u;
+        p.y[size_t(out_row(j, e)) * p.ldy + (tile_base + r) * 8 + q] = __float2bfloat16_rn(h);
+      }
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!in_range(r, j, e)) continue;
+      const int n = row(r, e);
+      float x = scaled(r, e, v[e]);
+      if (p.epilogue == MMA_OUT_RELU2) {
+        x = fmaxf(x, 0.f);
+        x *= x;
+      } else if (p.bias) {
+        x += __bfloat162float(p.bias[n]);
+      }
+      p.y[size_t(out_row(j, e)) * p.ldy + n] = __float2bfloat16_rn(x);
+    }
+  };
+  if (p.epilogue == MMA_OUT_F32) {  // each split its own slab: the consumer sums them in order
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
       for (int j = 0; j < MT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) finish(r, j, e, acc[r][j][e]);
+        for (int e = 0; e < 4; ++e)
+          if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = scaled(r, e, acc[r][j][e]);
     return;
   }
-  auto part_index = [&](int s, int r, int j, int e) { return (size_t(s) * p.M + token(j, e)) * p.N + row(r, e); };
+  if (p.splits == 1) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < MT; ++j) finish(r, j, acc[r][j]);
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -515,14 +562,16 @@ __global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_ker
 #pragma unroll
   for (int r = 0; r < RT; ++r)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+    for (int j = 0; j < MT; ++j) {
+      float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        v[e] = 0.f;
         if (!in_range(r, j, e)) continue;
-        float v = 0.f;
-        for (int s = 0; s < p.splits; ++s) v += __ldcg(p.partials + part_index(s, r, j, e));  // split order
-        finish(r, j, e, v);
+        for (int s = 0; s < p.splits; ++s) v[e] += __ldcg(p.partials + part_index(s, r, j, e));  // split order
       }
+      finish(r, j, v);
+    }
   if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
 }
 
@@ -539,7 +588,7 @@ cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t str
 
 template <class F, int RT>
 cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stream) {
-  const int mtiles = (p.M + 8 * mt - 1) / (8 * mt);
+  const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
   switch (mt) {
     case 1: return launch<F, 1, RT>(p, mtiles, nblocks, stream);
     case 2: return launch<F, 2, RT>(p, mtiles, nblocks, stream);

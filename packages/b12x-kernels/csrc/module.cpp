@@ -2,6 +2,7 @@
 // serves any torch version. Host-side checks here are the cheap ones; b12x_core validates shapes and dtypes.
 #include <pybind11/pybind11.h>
 
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -97,9 +98,16 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "mma_gemm",
       [](int format, std::uintptr_t codes, std::uintptr_t meta, std::uintptr_t meta2, std::uintptr_t block_scale,
-         std::uintptr_t tables, float alpha, float scale_mul, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int ldy, int M,
-         int N, int K, int chunks, int mt, int rt, int splits, std::uintptr_t partials, std::uintptr_t tickets,
-         std::uintptr_t stream) {
+         std::uintptr_t tables, float alpha, float scale_mul, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y,
+         int ldy, int M, int N, int K, int chunks, int mt, int rt, int splits, std::uintptr_t partials,
+         std::uintptr_t tickets, std::uintptr_t stream, const std::string& epilogue, std::uintptr_t row_scale,
+         std::uintptr_t order, std::uintptr_t block_expert, std::uintptr_t block_start, std::uintptr_t block_rows,
+         int blocks, int top_k) {
+        static const std::map<std::string, int> epilogues = {
+            {"bf16", b12x::MMA_OUT_BF16}, {"silu", b12x::MMA_OUT_SILU}, {"relu2", b12x::MMA_OUT_RELU2},
+            {"f32", b12x::MMA_OUT_F32}};
+        const auto out = epilogues.find(epilogue);
+        if (out == epilogues.end()) throw std::invalid_argument("mma_gemm: unknown epilogue " + epilogue);
         const int ck = b12x::mma_chunk_k(format);
         if (!ck) throw std::invalid_argument("mma_gemm: unknown format " + std::to_string(format));
         if (M < 1 || N < 1 || K < 8 || K % 8) throw std::invalid_argument("mma_gemm: need M, N >= 1 and K % 8 == 0");
@@ -107,18 +115,53 @@ PYBIND11_MODULE(_C, m) {
         if (mt != 1 && mt != 2 && mt != 4) throw std::invalid_argument("mma_gemm: mt must be 1, 2 or 4");
         if (rt != 1 && rt != 2) throw std::invalid_argument("mma_gemm: rt must be 1 or 2");
         if (splits < 1 || splits > chunks) throw std::invalid_argument("mma_gemm: splits must be in 1..chunks");
-        if (splits > 1 && (!partials || !tickets)) throw std::invalid_argument("mma_gemm: split K needs workspaces");
-        if (!codes || !x || !y || (codes | x) % 16) throw std::invalid_argument("mma_gemm: null or misaligned pointer");
-        b12x::MmaArgs a{format, ptr<const uint8_t>(codes), ptr<const uint8_t>(meta), ptr<const uint8_t>(meta2),
-                        ptr<const float>(block_scale), ptr<const uint32_t>(tables), alpha, scale_mul,
-                        ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), ldy, M,
-                        N, K, chunks, mt, rt, splits, ptr<float>(partials), ptr<int>(tickets)};
+        const bool f32 = out->second == b12x::MMA_OUT_F32;
+        if ((splits > 1 || f32) && !partials) throw std::invalid_argument("mma_gemm: split K or f32 needs partials");
+        if (splits > 1 && !f32 && !tickets) throw std::invalid_argument("mma_gemm: split K needs tickets");
+        if (!codes || !x || (!y && !f32) || (codes | x) % 16)
+          throw std::invalid_argument("mma_gemm: null or misaligned pointer");
+        if (out->second == b12x::MMA_OUT_SILU && N % 16)
+          throw std::invalid_argument("mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)");
+        if (order && (!block_expert || !block_start || !block_rows || blocks < 1 || N % 16))
+          throw std::invalid_argument("mma_gemm: grouped needs the block table, blocks >= 1 and N % 16 == 0");
+        b12x::MmaArgs a{};
+        a.format = format;
+        a.codes = ptr<const uint8_t>(codes);
+        a.meta = ptr<const uint8_t>(meta);
+        a.meta2 = ptr<const uint8_t>(meta2);
+        a.block_scale = ptr<const float>(block_scale);
+        a.tables = ptr<const uint32_t>(tables);
+        a.alpha = alpha;
+        a.scale_mul = scale_mul;
+        a.row_scale = ptr<const float>(row_scale);
+        a.x = ptr<const __nv_bfloat16>(x);
+        a.bias = ptr<const __nv_bfloat16>(bias);
+        a.y = ptr<__nv_bfloat16>(y);
+        a.ldy = ldy;
+        a.M = M;
+        a.N = N;
+        a.K = K;
+        a.chunks = chunks;
+        a.mt = mt;
+        a.rt = rt;
+        a.splits = splits;
+        a.partials = ptr<float>(partials);
+        a.tickets = ptr<int>(tickets);
+        a.epilogue = out->second;
+        a.order = ptr<const int>(order);
+        a.block_expert = ptr<const int>(block_expert);
+        a.block_start = ptr<const int>(block_start);
+        a.block_rows = ptr<const int>(block_rows);
+        a.blocks = blocks;
+        a.top_k = top_k;
         check(b12x::mma_gemm(a, reinterpret_cast<cudaStream_t>(stream)), "mma_gemm launch");
       },
       py::arg("format"), py::arg("codes"), py::arg("meta"), py::arg("meta2"), py::arg("block_scale"),
-      py::arg("tables"), py::arg("alpha"), py::arg("scale_mul"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("ldy"), py::arg("M"),
-      py::arg("N"), py::arg("K"), py::arg("chunks"), py::arg("mt"), py::arg("rt"), py::arg("splits"), py::arg("partials"),
-      py::arg("tickets"), py::arg("stream"));
+      py::arg("tables"), py::arg("alpha"), py::arg("scale_mul"), py::arg("x"), py::arg("bias"), py::arg("y"),
+      py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("chunks"), py::arg("mt"), py::arg("rt"),
+      py::arg("splits"), py::arg("partials"), py::arg("tickets"), py::arg("stream"), py::arg("epilogue") = "bf16",
+      py::arg("row_scale") = 0, py::arg("order") = 0, py::arg("block_expert") = 0, py::arg("block_start") = 0,
+      py::arg("block_rows") = 0, py::arg("blocks") = 0, py::arg("top_k") = 0);
 
   m.def(
       "embedding_q8_0",

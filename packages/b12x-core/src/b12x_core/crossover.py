@@ -39,6 +39,7 @@ class Entry:
     ms: tuple[int, ...]  # token counts measured, ascending
     us: dict  # backend name -> tuple of µs per call at ms (None: not measured there)
     source: str = ""
+    op: str = "linear"  # linear | moe: a MoE's token counts and times say nothing of a linear's, nor back
 
     def time(self, backend: str, m: int) -> tuple[float | None, str]:
         """(µs, how it was read) of `backend` at a measured token count m: "measured"; between two measurements
@@ -78,6 +79,7 @@ def load(path: Path = TABLE) -> tuple[Entry, ...]:
             tuple(e["ms"]),
             {name: tuple(times) for name, times in e["us"].items()},
             e.get("source", ""),
+            e.get("op", "linear"),
         )  # fmt: skip
         for e in data["entries"]
     )
@@ -94,8 +96,8 @@ def _class_distance(a: str, b: str) -> int:
     return sum(abs(x - y) for x, y in zip(*sizes, strict=True))
 
 
-def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None) -> tuple[Entry, str] | None:
-    """(the entry for this key, '' or what stands in for what) or None when the GPU × format × mode is
+def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op: str = "linear"):
+    """-> (the entry for this key, '' or what stands in for what) or None when the op × GPU × format × mode is
     unmeasured. Stand-ins: another shape class of the same GPU, format and mode (the nearest by size); for
     mxfp8 / nvfp4 activations, the format's bf16 measurements."""
     if capability is None:
@@ -105,7 +107,7 @@ def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None) ->
     notes = []
     modes = (act_mode, "bf16") if act_mode in BF16_STAND_IN else (act_mode,)
     for mode in modes:
-        same = [e for e in entries if e.capability == tuple(capability) and e.format == fmt and e.act_mode == mode]
+        same = [e for e in entries if (e.op, e.capability, e.format, e.act_mode) == (op, tuple(capability), fmt, mode)]
         if same:
             break
     else:
@@ -122,5 +124,5 @@ def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None) ->
 def dumps(entries: list[Entry]) -> str:
     """The table file's text (benchmarks/plan_check.py --emit-table)."""
     rows = [dict(capability=list(e.capability), format=e.format, act_mode=e.act_mode, shape=e.shape, ms=list(e.ms),
-                 us={k: list(v) for k, v in e.us.items()}, source=e.source) for e in entries]  # fmt: skip
+                 us={k: list(v) for k, v in e.us.items()}, source=e.source, op=e.op) for e in entries]  # fmt: skip
     return json.dumps({"version": 1, "entries": rows}, indent=1) + "\n"

@@ -17,6 +17,7 @@ from . import mma_layout
 
 ROWS_PER_CTA = 128  # csrc/mma_gemm.cu: 8 warps × 16 rows
 TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
+FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
 
 @dataclass
@@ -76,18 +77,26 @@ def token_tile(m: int) -> int:
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1) -> MmaConfig:
-    """The token tile that covers M in the fewest tiles, and the K split whose CTAs fill the GPU's `slots`
-    (SMs × CTAs per SM) in the most even waves: a last partial wave leaves SMs idle while it runs. Each split
-    keeps at least 4 chunks; more splits cost a little (partials written and summed), so ties take fewer."""
+    """The token tile that covers M in the fewest tiles, and the K split that fills the GPU (even_split)."""
     mt = token_tile(m)
     tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits), rt)
+
+
+def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16) -> int:
+    """The K split whose CTAs (`tiles` output tiles × splits) fill the GPU's `slots` (SMs × CTAs per SM) in the
+    most even waves: a last partial wave leaves SMs idle while it runs. Each split keeps at least 4 chunks;
+    more splits cost a little (partials written and summed), so ties take fewer; from FULL_WAVES waves on the
+    tail is small and the partials' traffic (growing with the tokens) is not, so K stays whole."""
+    if tiles >= FULL_WAVES * slots:
+        return 1
 
     def cost(splits: int) -> float:
         waves = tiles * splits / slots
         return -(-waves // 1) / waves + 0.01 * splits
 
     candidates = range(1, max(1, min(max_splits, chunks // 4)) + 1)
-    return MmaConfig(mt, min(candidates, key=cost), rt)
+    return min(candidates, key=cost)
 
 
 def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
@@ -114,20 +123,28 @@ class MmaWorkspace:
         )
 
 
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def launch(s: MmaShard, x: torch.Tensor, y: torch.Tensor | None, ldy: int, m: int, config: MmaConfig,
+           workspace: MmaWorkspace | None, stream: int, bias=None, **grouped) -> None:  # fmt: skip
+    """One kernel launch over shard `s`: m rows of x (bf16, row stride K) into y (row stride ldy). `grouped`:
+    b12x_kernels.mma_gemm's keyword arguments (epilogue, row_scale, the block table)."""
+    import b12x_kernels
+
+    b12x_kernels.mma_gemm(
+        s.fmt_id, s.codes.data_ptr(), _ptr(s.meta), _ptr(s.meta2), _ptr(s.block_scale), _ptr(s.tables),
+        s.alpha, s.scale_mul, x.data_ptr(), _ptr(bias), _ptr(y), ldy, m, s.n, s.k, s.chunks, config.mt, config.rt,
+        min(config.splits, s.chunks), 0 if workspace is None else workspace.partials.data_ptr(),
+        0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,
+    )  # fmt: skip
+
+
 def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
         workspace: MmaWorkspace | None, stream: int) -> None:  # fmt: skip
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]."""
-    import b12x_kernels
-
     m = x2.shape[0]
     for s in shards:
-        b12x_kernels.mma_gemm(
-            s.fmt_id, s.codes.data_ptr(),
-            0 if s.meta is None else s.meta.data_ptr(), 0 if s.meta2 is None else s.meta2.data_ptr(),
-            0 if s.block_scale is None else s.block_scale.data_ptr(), 0 if s.tables is None else s.tables.data_ptr(),
-            s.alpha, s.scale_mul, x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(),
-            y[:, s.row :].data_ptr(),
-            y.shape[1], m, s.n, s.k, s.chunks, config.mt, config.rt, min(config.splits, s.chunks),
-            0 if workspace is None else workspace.partials.data_ptr(),
-            0 if workspace is None else workspace.tickets.data_ptr(), stream,
-        )  # fmt: skip
+        launch(s, x2, y[:, s.row :], y.shape[1], m, config, workspace, stream,
+               None if bias is None else bias[s.row :])  # fmt: skip

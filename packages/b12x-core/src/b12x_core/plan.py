@@ -140,6 +140,9 @@ def _default_decisions(able: list[type[Backend]], lo: int, hi: int, basis_note: 
         for cls in able:
             if cls is winner:
                 continue
+            if covers(cls, a):
+                lost.append((cls.name, f"unmeasured here: the default order puts {winner.name} first"))
+                continue
             first, last = cls.default_tokens
             span = f"{first}+" if last is None else f"{first}-{last}"
             lost.append((cls.name, f"the defaults prefer {winner.name} here (its default range: {span} tokens)"))
@@ -225,7 +228,8 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
         why = next(why for cls, ok, why in verdicts if ok)
         return "one backend runs this here", never, [Decision(1, hi, able[0], why)]
     arch = query.device.arch
-    found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries)
+    found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries,
+                             op=query.op)  # fmt: skip
     if found is None:
         note = f"no measurements for {arch} {query.format} × {query.act_mode}"
         return f"conservative defaults ({note})", never, _default_decisions(able, 1, hi, "unmeasured")

@@ -116,12 +116,29 @@ def mma_gemm(
     partials: int,
     tickets: int,
     stream: int,
+    *,
+    epilogue: str = "bf16",
+    row_scale: int = 0,
+    order: int = 0,
+    block_expert: int = 0,
+    block_start: int = 0,
+    block_rows: int = 0,
+    blocks: int = 0,
+    top_k: int = 0,
 ) -> None:
     """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
     = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt), `rt` (row tiles of 16 per warp) and `splits` (K
-    splits) are the caller's choice."""
+    splits) are the caller's choice.
+
+    `epilogue`: "bf16" (the above), "silu" (rows interleaved 8 gate / 8 up per 16: y gets silu(gate)·up, n/2
+    columns), "relu2" (max(v, 0)²) or "f32" (each K split writes fp32 partials[split, m, n], no reduction).
+    `row_scale`: float32 per weight row factor (null: none). Grouped (fused MoE) when `order` is set: the weight
+    stacks experts of n rows each and token tile b is block b of the expert-sorted block table (order,
+    block_expert, block_start, block_rows; `blocks` entries, 8·mt rows per block); a slot's input row is
+    slot // top_k (top_k > 0) or the slot, its output row the slot (csrc/kernels.h MmaArgs)."""
     _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt,
-                rt, splits, partials, tickets, stream)  # fmt: skip
+                rt, splits, partials, tickets, stream, epilogue, row_scale, order, block_expert, block_start,
+                block_rows, blocks, top_k)  # fmt: skip
 
 
 def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:

@@ -9,6 +9,7 @@ from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
+from .tensor_core_moe import TensorCoreMoE
 from .triton_moe import TritonMoE
 from .triton_tiles import TritonTiles
 
@@ -20,6 +21,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     DecodeGemm,
     TritonTiles,
     TritonMoE,
+    TensorCoreMoE,  # after TritonMoE: chosen where measurements (crossover.json) say it is faster
     CudaEmbeddingQ8_0,
     ReferenceLinear,
     ReferenceMoE,

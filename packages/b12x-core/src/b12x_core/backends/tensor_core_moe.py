@@ -1,0 +1,168 @@
+"""The fused MoE on the tensor-core GEMM (b12x_kernels.mma_gemm, grouped; csrc/mma_gemm.cuh): the linear path's
+repacked layouts and decode functors driven by the expert-sorted block table (backends/triton_moe.py's routing),
+one launch per GEMM over every touched expert.
+
+- gate/up GEMM: token tile = one table block of 8·mt slots of one expert, input rows gathered (slot // top_k);
+  gated SiLU's gate and up rows are interleaved at prepare time (mma_experts) so the epilogue writes
+  silu(gate)·up, ReLU² likewise; K split for decode-sized calls with the in-order ticket reduction.
+- down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
+  and each token's top-k rows in order: deterministic, no atomics on data.
+- The intermediate's mxfp8 / nvfp4 quantization runs between them (b12x_kernels.act_quant), as the Triton path.
+
+Configuration per token count: the token tile from the mean slots per expert, each GEMM's K split from the
+expected busy blocks (even waves over SMs × CTAs per SM), the routing table's maker as the Triton path's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import mma_experts, mma_layout, mma_path, workspace
+from ..weights import TENSOR_ACTIVATION_SCALE
+from . import operands
+from .base import Backend, cuda_reason
+from .triton_moe import block_table, decode_kernels
+from .triton_tiles import config_ranges
+
+MODES = ("bf16", "mxfp8", "nvfp4")
+CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
+
+
+def _rows13(shape) -> int:
+    return 2 * shape.intermediate if shape.activation == "silu" else shape.intermediate
+
+
+class TensorCoreMoE(Backend):
+    name, op = "tensor_core_moe", "moe"
+    tickets_needed = 1
+
+    @classmethod
+    def can_implement(cls, q):
+        shape = q.moe
+        for fmt in (q.format, shape.w2_format):
+            if fmt not in mma_layout.FORMATS:
+                return False, f"has no layout for {fmt}"
+        for mode in (q.act_mode, shape.act_mode_2):
+            if mode not in MODES:
+                return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {mode}"
+        for what, rows in (("w13", _rows13(shape)), ("w2", shape.hidden)):
+            if rows % 16:
+                return False, f"stacks experts in 16-row tiles: {what} needs rows per expert % 16 == 0, has {rows}"
+        if shape.hidden % 8 or shape.intermediate % 8:
+            return False, "stages activations in 16-byte pieces: needs H % 8 == 0 and I % 8 == 0"
+        why = cuda_reason(q, triton=True)
+        if why:
+            return False, why
+        return True, "tensor-core grouped GEMMs over expert-sorted slots (weights decoded into bf16 MMA fragments)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        if weights is None:  # a preview: configurations only
+            return
+        shape = query.moe
+        w13, w2 = weights
+        order = None
+        if shape.activation == "silu":
+            order = mma_experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
+        device = query.device.device
+        self.w13 = mma_experts.prepare(w13.shards, device, self._act_factor(query.act_mode, w13.input_scale), order)
+        self.w2 = mma_experts.prepare(w2.shards, device, self._act_factor(shape.act_mode_2, w2.input_scale))
+        self.input_scales = (w13.input_scale, w2.input_scale)
+
+    @staticmethod
+    def _act_factor(mode: str, input_scale) -> float:
+        return float(np.float32(input_scale or 1.0)) if mode in TENSOR_ACTIVATION_SCALE else 1.0
+
+    def _slots(self, fmt: str, mt: int) -> int:
+        q = self.query
+        blocks = CONSERVATIVE_BLOCKS_PER_SM
+        if q.on_cuda and not q.device.kernels:
+            import b12x_kernels
+            from b12x_formats.kernel_facts import format_id
+
+            blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
+        return q.device.sms * blocks
+
+    def call_config(self, tokens: int) -> dict:
+        """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
+        from b12x_kernels import moe_route
+
+        shape = self.query.moe
+        slots = tokens * shape.top_k
+        touched = min(slots, shape.experts)
+        per_expert = -(-slots // touched)
+        mt = mma_path.token_tile(per_expert)
+        busy_blocks = touched * -(-per_expert // (8 * mt))  # routing spread evenly: what a call can expect
+        splits = []
+        for fmt, n, k in ((self.query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
+                                                                             shape.intermediate)):  # fmt: skip
+            tiles = busy_blocks * -(-n // mma_path.ROWS_PER_CTA)
+            splits.append(mma_path.even_split(tiles, -(-k // mma_layout.chunk_k(fmt)), self._slots(fmt, mt)))
+        decode = getattr(self, "decode", None)
+        decode = decode_kernels() if decode is None else decode
+        route = "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
+        return {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
+
+    def configs(self, lo, hi):
+        shape = self.query.moe
+        ranges = config_ranges(lo, hi, self.call_config)
+        for _, last, config in ranges:  # gate/up split-K tickets: one per (table block, 128-row tile)
+            if config["splits"][0] > 1:
+                tiles = self._table_blocks(last, config) * -(-_rows13(shape) // mma_path.ROWS_PER_CTA)
+                self.tickets_needed = max(self.tickets_needed, tiles)
+        return ranges
+
+    def _table_blocks(self, tokens: int, config: dict) -> int:
+        """Entries of the block table a call of `tokens` tokens launches over (the most any routing needs)."""
+        return -(-tokens * self.query.moe.top_k // config["tokens"]) + self.query.moe.experts
+
+    def reserve(self):
+        workspace.reserve_tickets(self.query.device.device, self.tickets_needed)
+
+    def _specs(self, tokens: int, config: dict) -> list:
+        """Scratch: quantized x; gate/up split sums (float32); the intermediate and its quantized copy; the
+        down GEMM's float32 slot rows per split (the combine's input)."""
+        q, shape = self.query, self.query.moe
+        slots = tokens * shape.top_k
+        s13, s2 = config["splits"]
+        x_specs = operands.bf16_specs(q.act_mode, tokens, shape.hidden)
+        partial13 = [((s13, slots, _rows13(shape)), torch.float32)] if s13 > 1 else []
+        inter = [((slots, shape.intermediate), torch.bfloat16)]
+        inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate)
+        return x_specs + partial13 + inter + inter_specs + [((s2, slots, shape.hidden), torch.float32)]
+
+    def scratch_bytes(self, tokens, config):
+        return workspace.nbytes(self._specs(tokens, config))
+
+    def run(self, x, topk_weights, topk_ids, *, config):
+        from b12x_kernels import tiles
+
+        q, shape = self.query, self.query.moe
+        t, k = topk_ids.shape
+        slots = t * k
+        s13, s2 = config["splits"]
+        mt = config["tokens"] // 8
+        order, block_expert, start, rows = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
+        carved = workspace.carve(x.device, self._specs(t, config))
+        n_x = len(operands.bf16_specs(q.act_mode, t, shape.hidden))
+        x_buffers, carved = carved[:n_x], carved[n_x:]
+        partial13 = carved.pop(0) if s13 > 1 else None
+        inter, *inter_buffers, out = carved
+        table = dict(order=order.data_ptr(), block_expert=block_expert.data_ptr(), block_start=start.data_ptr(),
+                     block_rows=rows.data_ptr(), blocks=block_expert.numel())  # fmt: skip
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        tickets = workspace.tickets(x.device, self.tickets_needed)
+        s_in13, s_in2 = self.input_scales
+
+        x_in, _ = operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)
+        ws13 = mma_path.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
+        mma_path.launch(self.w13.shard, x_in.contiguous(), inter, shape.intermediate, slots,
+                        mma_path.MmaConfig(mt, s13), ws13, stream, epilogue=shape.activation,
+                        row_scale=self.w13.row_scale.data_ptr(), top_k=k, **table)  # fmt: skip
+        inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
+        mma_path.launch(self.w2.shard, inter_in.contiguous(), None, 0, slots, mma_path.MmaConfig(mt, s2),
+                        mma_path.MmaWorkspace(out, tickets), stream, epilogue="f32",
+                        row_scale=self.w2.row_scale.data_ptr(), top_k=0, **table)  # fmt: skip
+        y = torch.empty(t, shape.hidden, dtype=torch.bfloat16, device=x.device)
+        return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)

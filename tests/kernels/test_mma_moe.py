@@ -1,0 +1,218 @@
+"""The fused MoE on the tensor-core GEMM (b12x_core.backends.tensor_core_moe; csrc/mma_gemm.cuh, grouped).
+
+On CPU: the expert stack it prepares (b12x_core.mma_experts) holds every expert's checkpoint rows, gate and up
+interleaved 8 by 8, with the per-tensor factors moved into row factors; and a numpy model of the kernels'
+contract on that stack (the lanes' decode from mma_emulator.py, the SiLU epilogue pairing tile rows q and q + 8,
+ReLU², the down GEMM's float32 slot rows, the combine) matches the b12x-core reference. On the GPU (marked gpu):
+the kernels themselves at T ∈ {1, 2, 7, 64, 1024} with poisoned scratch, every MoE format × activation format ×
+activation, deterministic, and replayed in a CUDA graph with new routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from closeness import close
+from graphs import capture
+from mma_emulator import effective_weight
+
+import b12x_core as bc
+import b12x_formats as bf
+from b12x_core import mma_experts, mma_layout, workspace
+from b12x_core.backends import MoEShape, Query
+from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+
+pytest.importorskip("triton")
+
+from test_moe_tiles import ACTIVATIONS, CASES, H200, alone, bf16_weights, experts, problem, quantizer_flips  # noqa: E402
+
+MOE_FORMATS = sorted({fmt for fmt, _ in CASES})
+
+
+def _inter(fmt: str) -> int:
+    return 256 if bf.spec(fmt).packing == "ggml" else 96  # w2's K is I: IQ2 needs whole 256-blocks
+
+
+@pytest.mark.parametrize("fmt", MOE_FORMATS)
+@pytest.mark.parametrize("gate_first", [True, False])
+def test_expert_stack_holds_every_row_with_gate_and_up_interleaved(rng, fmt, gate_first):
+    e, inter, h = 3, 16, 256
+    scales = rng.uniform(0.5, 2.0, size=e).astype(np.float32) if "NVFP4" in fmt else None
+    first, second = (experts(rng, fmt, e, inter, h) for _ in range(2))
+    if scales is not None:  # per-expert factors that differ between the shards and the experts
+        first = bf.QuantizedWeight.from_tensors(fmt, {**first.tensors, "weight_scale_2": scales})
+    order = mma_experts.interleave_gate_up(inter, gate_first)
+    whole, factors = mma_experts.stack_rows([first, second], order)
+    got = bf.dequantize(whole).reshape(e, 2 * inter, h) * factors.reshape(e, 2 * inter, 1)
+    rows = np.concatenate([bf.dequantize(first), bf.dequantize(second)], axis=1)
+    gate, up = (rows[:, :inter], rows[:, inter:]) if gate_first else (rows[:, inter:], rows[:, :inter])
+    tiles = got.reshape(e, inter // 8, 2, 8, h)  # tile i: 8 gate rows, then the same 8 up rows
+    np.testing.assert_array_equal(tiles[:, :, 0].reshape(e, inter, h), gate)
+    np.testing.assert_array_equal(tiles[:, :, 1].reshape(e, inter, h), up)
+
+
+def test_interleave_refuses_an_intermediate_size_it_cannot_tile():
+    with pytest.raises(ValueError, match="I % 8"):
+        mma_experts.interleave_gate_up(12, True)
+
+
+def _stack_values(stack: mma_experts.MmaExperts) -> torch.Tensor:
+    """float32 [E·rows, K]: what the kernel multiplies each stacked row by, its row factor included (the lanes'
+    decode modelled by mma_emulator on the uploaded layout)."""
+    s = stack.shard
+    host = [None if a is None else a.cpu().numpy().view(np.uint8) for a in (s.codes, s.meta, s.meta2)]
+    mw = mma_layout.MmaWeight(s.format, stack.row_scale.numel(), s.k, s.chunks, *host, None, s.alpha, s.scale_mul)
+    tables = mma_layout.iq2_tables(s.format) if s.format.startswith("IQ2") else None
+    return torch.from_numpy(effective_weight(mw, tables)) * stack.row_scale.cpu()[:, None]
+
+
+def kernel_reference(p, backend: TensorCoreMoE):
+    """The reference on the weights the kernels multiply. bf16_weights is exact for them except IQ2, whose
+    kernel rounds grid·sign·(0.5+s)/4 to bf16 and multiplies d in fp32 (not d·q rounded): two chained GEMMs
+    amplify that difference past the tolerance, so IQ2 takes the lanes' decode (mma_emulator, checked against
+    the format oracle in test_mma_layout.py), put back in checkpoint row order."""
+    ref = bf16_weights(p)
+    if p.w13_format.startswith("IQ2"):
+        shape = backend.query.moe
+        order = None
+        if shape.activation == "silu":
+            order = mma_experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
+        for name, stack, perm in (("w13", backend.w13, order), ("w2", backend.w2, None)):
+            values = _stack_values(stack).reshape(shape.experts, stack.shard.n, -1)
+            if perm is not None:
+                values = values[:, np.argsort(perm)]
+            exact = getattr(p.plan.rows[0].backend, name)  # the decode rounds once: within 2^-8 of the exact
+            assert ((values - exact).abs() <= 2.0**-8 * exact.abs()).all(), f"{name}: rows out of place"
+            setattr(ref, name, values)
+    return ref
+
+
+def kernel_model(backend: TensorCoreMoE, x, weights, ids) -> torch.Tensor:
+    """The grouped kernels' contract (csrc/kernels.h MmaArgs, MmaOut) on the prepared stacks, bf16 activations:
+    per slot, its expert's rows; SiLU pairs accumulator rows q and q + 8 of each 16-row tile; the intermediate
+    rounds to bf16; the down GEMM's float32 rows are summed per token in slot order by their router weights."""
+    shape = backend.query.moe
+    w13, w2 = _stack_values(backend.w13), _stack_values(backend.w2)
+    rows13 = backend.w13.shard.n
+    t, k = ids.shape
+    y = torch.zeros(t, shape.hidden)
+    for token in range(t):
+        for j in range(k):
+            e = int(ids[token, j])
+            acc = w13[e * rows13 : (e + 1) * rows13] @ x[token].float()
+            if shape.activation == "silu":
+                tiles = acc.reshape(-1, 2, 8)
+                inter = torch.nn.functional.silu(tiles[:, 0]) * tiles[:, 1]
+            else:
+                inter = torch.relu(acc).square()
+            inter = inter.reshape(-1).to(torch.bfloat16).float()
+            y[token] += weights[token, j] * (w2[e * shape.hidden : (e + 1) * shape.hidden] @ inter)
+    return y.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", MOE_FORMATS)
+@pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
+def test_kernel_contract_on_the_prepared_stacks_matches_reference(rng, fmt, activation, order):
+    x, w13, w2, weights, ids = problem(rng, fmt, "bf16", activation, e=4, h=256, inter=_inter(fmt), t=5, top_k=2)
+    if "NVFP4" in fmt:  # per-expert weight_scale_2 that differ: they must land on the right rows
+        w13 = bf.QuantizedWeight.from_tensors(
+            fmt, {**w13.tensors, "weight_scale_2": rng.uniform(0.5, 2.0, size=4).astype(np.float32)}
+        )
+    kw = dict(activation=activation, w13_order=order, max_tokens=5, top_k=2)
+    p = bc.prepare_moe(w13, w2, **kw)
+    backend = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
+    close(kernel_model(backend, x, weights, ids), kernel_reference(p, backend)(x, weights, ids))
+
+
+def _query(device_info, max_tokens, **shape) -> Query:
+    moe = MoEShape(**{**dict(experts=128, hidden=2048, intermediate=768, top_k=8, activation="silu",
+                             w13_order="gate_up", act_mode_2="bf16", w2_format="MXFP4"), **shape})  # fmt: skip
+    rows = 2 * moe.intermediate if moe.activation == "silu" else moe.intermediate
+    return Query("moe", "MXFP4", "bf16", "bf16", device_info, n=rows, k=moe.hidden, max_tokens=max_tokens, moe=moe)
+
+
+CUDA_H200 = dataclasses.replace(H200, device=torch.device("cuda"))
+
+
+@pytest.mark.parametrize(
+    "shape,why",
+    [
+        (dict(intermediate=12), "% 16"),  # gated: 2I = 24 rows per expert, not whole 16-row tiles
+        (dict(intermediate=40, activation="relu2"), "% 16"),
+        (dict(act_mode_2="fp8_dynamic"), "bf16-exact"),
+    ],
+)
+def test_declines_what_its_layout_cannot_hold(shape, why):
+    ok, reason = TensorCoreMoE.can_implement(_query(CUDA_H200, 8, **shape))
+    assert not ok and why in reason
+
+
+def test_declines_off_cuda():
+    ok, reason = TensorCoreMoE.can_implement(_query(H200, 8))
+    assert not ok and "CUDA" in reason
+
+
+@pytest.mark.parametrize("top_k,experts", [(8, 128), (4, 128), (8, 256)])
+def test_configurations_cover_every_token_count_and_split_k_only_when_few_blocks(top_k, experts):
+    backend = TensorCoreMoE.__new__(TensorCoreMoE)
+    backend.query, backend.weights, backend.decode = _query(H200, 4096, top_k=top_k, experts=experts), None, True
+    rows = backend.configs(1, 4096)
+    assert rows[0][0] == 1 and rows[-1][1] == 4096
+    assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))
+    first, last = rows[0][2], rows[-1][2]
+    assert first["tokens"] == 8 and first["splits"][0] > 1  # one token: 8-slot blocks, K split to fill SMs
+    assert last["tokens"] == 32 and last["splits"] == (1, 1)  # 4096 tokens fill the GPU many times over
+    assert backend.tickets_needed >= backend._table_blocks(rows[0][1], first) * 2 * 768 // 128
+
+
+def test_default_plan_keeps_the_triton_moe_until_measured():
+    """Unmeasured (no crossover row), the conservative plan runs the Triton MoE; the tensor-core MoE is listed
+    as the runner-up with the reason."""
+    from b12x_core import plan
+
+    query = _query(CUDA_H200, 64)
+    basis, _, decisions = plan.choose(query, entries=[])
+    assert [d.backend.name for d in decisions] == ["triton_moe"]
+    assert "tensor_core_moe" in dict(decisions[0].lost)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def _gpu_plan(rng, fmt, act_format, activation, order, t, e=8, h=512):
+    inter = 256 if bf.spec(fmt).packing == "ggml" else 192
+    x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=e, h=h, inter=inter, t=t, top_k=2)
+    kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
+    gpu = alone(bc.prepare_moe(w13, w2, device="cuda", **kw), w13, w2, backend=TensorCoreMoE)
+    return gpu, kernel_reference(bc.prepare_moe(w13, w2, **kw), gpu.rows[0].backend), (x, weights, ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
+@pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
+@pytest.mark.parametrize("t", [1, 2, 7, 64, 1024])
+def test_gpu_tensor_core_moe_matches_reference(rng, fmt, act_format, activation, order, t):
+    gpu, ref, (x, weights, ids) = _gpu_plan(rng, fmt, act_format, activation, order, t)
+    row = gpu.for_tokens(t)
+    workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
+    y = row.run(x.cuda(), weights.cuda(), ids.cuda())
+    close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
+    assert torch.equal(row.run(x.cuda(), weights.cuda(), ids.cuda()), y)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 40])  # split-K gate/up (tickets) and whole-K 16-slot blocks
+def test_gpu_tensor_core_moe_replays_in_cuda_graphs_with_new_routing(rng, t):
+    gpu, _, (x, weights, ids) = _gpu_plan(rng, "IQ2_XS", "bf16", "silu", "up_gate", t)
+    row = gpu.for_tokens(t)
+    x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
+    graph, out = capture(lambda: row.run(x, weights, ids))
+    for _ in range(3):
+        ids.copy_(torch.randint(0, 8, ids.shape, device="cuda", dtype=ids.dtype))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, row.run(x, weights, ids))
