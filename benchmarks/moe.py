@@ -3,6 +3,7 @@ torch combine), every MoE format × its activation formats, per b12x backend.
 
     python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,4,16,64,256,1024,4096]
         [--cases MXFP4:bf16,NVFP4:nvfp4,...] [--backends auto,triton_moe,tensor_core_moe]
+        [--emit-table packages/b12x-core/src/b12x_core/crossover.json]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
 H=2880, I=2880), dsv3 = DeepSeek-V3-like (E=256, top-8, H=7168, I=2048). Routing: random logits, renormalised
@@ -12,13 +13,18 @@ the small shapes the weights are not all L2-resident; the bf16 baseline does its
 by scatter-add: no host sync) and combine (index_add in float32) inside the graph, as b12x does. At T=1 the
 bandwidth floor counts the bytes of the touched experts' weights (FORMATS.md) against the device copy bandwidth
 measured in the same run; at large T, TFLOP/s counts the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16
-on a [4096, H] × [2I, H] GEMM measured in the same run.
+on a [4096, H] × [2I, H] GEMM measured in the same run. `--emit-table` merges the named backends' times into the
+plan's crossover table as MoE entries (op "moe", per format × activation mode × shape class of (2I, H)), replacing
+entries of the same key, so the plan picks the faster MoE backend per token count.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +33,7 @@ from decode_linear import copy_bandwidth, random_weight, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import backends, plan
+from b12x_core import backends, crossover, plan
 from b12x_core.moe import MOE_FORMATS
 from b12x_core.weights import DeviceWeights, as_shards
 
@@ -80,6 +86,7 @@ def main() -> None:
     parser.add_argument("--backends", default="auto,tensor_core_moe", help="auto (bc.moe) and/or backend names")
     parser.add_argument("--out", default="moe.json")
     parser.add_argument("--png", default="moe.png")
+    parser.add_argument("--emit-table", default="", help="merge the backends' times into this crossover table")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -125,7 +132,8 @@ def main() -> None:
                         touched = int(torch.unique(ids).numel())
                         nbytes = expert_bytes(w13, w2, e, touched)
                         flops = 2 * t * k * (2 * inter * h + h * inter)
-                        row = dict(shape=shape, format=fmt, act=act, backend=name, t=t, us=us, bf16_ref_us=ref_us,
+                        row = dict(shape=shape, format=fmt, act=act, mode=preps[0].act_mode_13, n=2 * inter, k=h,
+                                   backend=name, t=t, us=us, bf16_ref_us=ref_us,
                                    speedup=ref_us / us, touched=touched, gbs=nbytes / us / 1e3,
                                    pct_copy=100 * nbytes / us / 1e3 / bw, tflops=flops / us / 1e6,
                                    pct_cublas=100 * flops / us / 1e6 / dense_tflops)  # fmt: skip
@@ -136,6 +144,40 @@ def main() -> None:
                     save(args.out, bw, rows)  # after each backend: a run cut short keeps what it measured
     save(args.out, bw, rows)
     plot(rows, args.png)
+    if args.emit_table:
+        merge_table(Path(args.emit_table), table(rows))
+        print(f"MoE entries -> {args.emit_table}")
+
+
+def table(rows: list[dict]) -> list[crossover.Entry]:
+    """Per (format, mode, shape class): each named backend's µs at each T (mean over shapes of the class)."""
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        if r["backend"] != "auto":
+            key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
+            groups[key][r["backend"]][r["t"]].append(r["us"])
+    props = torch.cuda.get_device_properties(0)
+    source = f"{torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}, benchmarks/moe.py"
+    entries = []
+    for (fmt, mode, shape), per_backend in sorted(groups.items()):
+        ts = sorted({t for times in per_backend.values() for t in times})
+        us = {b: [round(float(np.mean(times[t])), 2) if t in times else None for t in ts]
+              for b, times in per_backend.items()}  # fmt: skip
+        entries.append(crossover.Entry((props.major, props.minor), fmt, mode, shape, tuple(ts), us, source, op="moe"))
+    return entries
+
+
+def merge_table(path: Path, new: list[crossover.Entry]) -> None:
+    """Write `path` (atomically) with `new` replacing the entries of the same key."""
+
+    def key(e: crossover.Entry):
+        return (e.op, e.capability, e.format, e.act_mode, e.shape)
+
+    fresh = {key(e) for e in new}
+    kept = [e for e in crossover.load.__wrapped__(path) if key(e) not in fresh]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(crossover.dumps(kept + new))
+    tmp.replace(path)
 
 
 def save(path: str, bw: float, rows: list) -> None:

@@ -1,12 +1,16 @@
 """A small run of the tensor-core GEMM for
 `compute-sanitizer --tool memcheck|racecheck|synccheck python benchmarks/sanitize_mma.py`: every format, token
-tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M."""
+tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M; then its grouped form (the fused MoE
+backend tensor_core_moe) for every MoE format, SiLU and ReLU², decode-sized (split K) and larger calls."""
 
 import numpy as np
 import torch
 
+import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import mma_layout, mma_path
+from b12x_core import mma_layout, mma_path, plan
+from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+from b12x_core.weights import DeviceWeights
 
 rng = np.random.default_rng(0)
 stream = torch.cuda.current_stream().cuda_stream
@@ -19,5 +23,23 @@ for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "I
         for config in (mma_path.MmaConfig(1, 1), mma_path.MmaConfig(2, 3, 2), mma_path.MmaConfig(4, 6)):
             ws = mma_path.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
             mma_path.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
+
+e, h = 8, 512
+for fmt in ("NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):
+    inter = 256
+    for activation in ("silu", "relu2"):
+        rows = 2 * inter if activation == "silu" else inter
+        w13 = bf.quantize(rng.standard_normal((e, rows, h)).astype(np.float32) / h**0.5, fmt)
+        w2 = bf.quantize(rng.standard_normal((e, h, inter)).astype(np.float32) / inter**0.5, fmt)
+        p = bc.prepare_moe(w13, w2, activation=activation, max_tokens=40, top_k=2, device="cuda")
+        weights = (
+            DeviceWeights([w13], p.act_mode_13, None, p.device),
+            DeviceWeights([w2], p.act_mode_2, None, p.device),
+        )
+        moe = plan.build(p.plan.query, weights, only=TensorCoreMoE)
+        for t in (1, 3, 40):
+            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            topk_weights, ids = bc.route_topk(torch.randn(t, e, device="cuda"), 2)
+            moe.for_tokens(t).run(x, topk_weights, ids)
 torch.cuda.synchronize()
 print("sanitize run complete")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the tensor-core GEMM: build (B12X_CUDA_ARCHS, default 90), its GPU tests, then the
-# per-layer benchmark with the arguments given (e.g. --formats NVFP4 --ms 1,32 --sweep). Logs under OUT.
+# One device call for the tensor-core GEMM: build (B12X_CUDA_ARCHS, default 90), its GPU tests (linear and the
+# grouped MoE), then the per-layer benchmark with the arguments given (e.g. --formats NVFP4 --ms 1,32 --sweep).
+# MOE="args" runs benchmarks/moe.py with them (e.g. MOE="--shapes qwen3 --cases MXFP4:bf16"). Logs under OUT.
 #   bash tools/mma_device.sh OUT [benchmark args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,11 +15,14 @@ python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packag
 echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/kernels/test_mma_gemm.py ${TESTS_EXTRA:-} > "$out/tests.log" 2>&1
+  python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/kernels/test_mma_gemm.py tests/kernels/test_mma_moe.py ${TESTS_EXTRA:-} > "$out/tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - start )) s"; grep -E "passed|failed|Error" "$out/tests.log" | tail -15
 fi
 if [ "$#" -gt 0 ]; then
   python3 benchmarks/mma_linear.py --out "$out/mma.json" "$@" 2>&1 | tee "$out/bench.log"
+fi
+if [ -n "${MOE:-}" ]; then
+  python3 benchmarks/moe.py --out "$out/moe.json" --png "$out/moe.png" $MOE 2>&1 | tee "$out/moe.log"
 fi
 echo "total: $(( $(date +%s) - start )) s"
 if [ -n "${PROFILE:-}" ]; then
