@@ -9,8 +9,9 @@ probability (their differences from the max round equal, or their exps or quotie
 ranks them by id, and so does the kernel. Equal logits always give equal probabilities here, so exact ties
 always go to the lower id. What can differ: the order of the row sum (the reference's reduction tree is not
 the kernel's), which moves a probability by an ulp or so and so can, in principle, turn a near-tie (two
-probabilities one ulp apart) into a tie or back; and on the GPU, probabilities below 2^-126 (logits ~87 below
-the row max) flush to zero and tie (Triton compiles with flush-to-zero), where torch keeps them subnormal.
+probabilities one ulp apart) into a tie or back; and in the interpreter (CPU tests), numpy's exp against
+torch's, each within an ulp or two of exact. No fused multiply-adds can enter: the kernel's arithmetic is
+subtractions, sums and IEEE divisions (libdevice's expf places its own).
 
 A row holding NaN or +inf gets NaN probabilities (as torch's softmax); torch's sort ranks NaN above every number,
 so the kernel ranks them as +inf: ids 0..k-1, NaN weights.
