@@ -69,7 +69,7 @@ def tied_logits(rng, t: int, e: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("renormalize", [True, False])
-@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 8])  # 3: padding slots (renormalised over k, not 4)
 @pytest.mark.parametrize("e", [8, 60, 128, 256])
 def test_matches_reference_with_ties(rng, e, k, renormalize, dtype):
     t = int(rng.choice([1, 5, 19]))  # 19 rows: several programs and a partial last one once E ≥ 256

@@ -1,7 +1,7 @@
 """Top-k routing in one launch: softmax over all experts, the top_k largest probabilities (ties → lower expert
 id), optional renormalisation. The same as b12x_core.moe.route_topk_reference, which runs softmax, a stable
-descending sort and a slice: five or more torch launches per MoE layer at decode time, where each costs more than
-the arithmetic.
+descending sort, a slice and a division: several torch launches per MoE layer, which at decode time cost more
+than the arithmetic.
 
 Faithful ordering: the kernel selects on the probabilities themselves, computed the way torch's softmax computes
 them in fp32 (subtract the row max, exp, sum, divide), not on the logits. Distinct logits can round to the same
@@ -35,10 +35,10 @@ def _topk_route(logits_ptr, weights_ptr, ids_ptr, T, E, stride_t, stride_e,
     int32 (contiguous)."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     row_ok = rows < T
-    rows = tl.minimum(rows, T - 1)  # the last program's spare rows read a real token (finite), never stored
+    rows = tl.minimum(rows, T - 1)  # the last program's spare rows read a real token, never stored
     experts = tl.arange(0, EB)
     valid = experts < E
-    ptrs = logits_ptr + rows[:, None].to(tl.int64) * stride_t + experts[None, :] * stride_e
+    ptrs = logits_ptr + rows[:, None].to(tl.int64) * stride_t + experts[None, :].to(tl.int64) * stride_e
     x = tl.load(ptrs, mask=valid[None, :], other=float("-inf")).to(tl.float32)  # padding: exp(-inf - m) = 0
     m = tl.max(x, axis=1)
     d = x - m[:, None]  # correctly rounded, as torch's: equal here means equal there
