@@ -1,9 +1,9 @@
 """Compile the Triton kernels ahead of time for sm_90, sm_120a and sm_121a (no GPU needed) and print each
 kernel's shared memory as JSON: the fused MoE's grouped GEMM at its prefill and split-K decode configurations, the
-split epilogue, the combine and the routing kernel; the linear tiles and the decode-to-bf16 pass of every
-format layout and the activation quantizers (sm_90: they read the generated format constants, which only a
-real compile checks). A script, run in a fresh process by test_triton_targets.py: the test session runs Triton
-in its interpreter, which cannot compile."""
+split epilogue, the combine, the routing-table kernel and the top-k routing kernel (its libdevice expf runs only
+compiled); the linear tiles and the decode-to-bf16 pass of every format layout and the activation quantizers
+(sm_90: they read the generated format constants, which only a real compile checks). A script, run in a fresh
+process by test_triton_targets.py: the test session runs Triton in its interpreter, which cannot compile."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from triton.compiler import ASTSource
 from b12x_core.backends.triton_moe import tile_config
 from b12x_core.backends.triton_tiles import tile_config as linear_tile_config
 from b12x_formats.kernel_facts import LAYOUTS, format_id
-from b12x_kernels import act_quant, moe_route, tiles
+from b12x_kernels import act_quant, moe_route, tiles, topk_route
 
 TARGETS = {90: 228, 120: 99, 121: 99}  # compute capability: KB of shared memory per block
 MOE_SIGNATURE = {"x_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "block_start_ptr": "*i32",
@@ -28,6 +28,8 @@ COMBINE_SIGNATURE = {"out_ptr": "*fp32", "weights_ptr": "*fp32", "y_ptr": "*bf16
 ACTIVATE_SIGNATURE = {"part_ptr": "*fp32", "y_ptr": "*bf16", "ROWS": "i32", "N": "i32", "SPLITS": "i32"}
 ROUTE_SIGNATURE = {"ids_ptr": "*i32", "order_ptr": "*i32", "block_expert_ptr": "*i32", "block_start_ptr": "*i32",
                    "block_rows_ptr": "*i32", "SLOTS": "i32", "E": "i32", "MOST": "i32", "BM": "i32"}  # fmt: skip
+TOPK_SIGNATURE = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "T": "i32", "E": "i32",
+                  "stride_t": "i32", "stride_e": "i32"}  # fmt: skip
 
 
 def compile_for(fn, signature: dict, constexprs: dict, arch: int, **options) -> int:
@@ -50,7 +52,9 @@ def main() -> None:
             shared[f"moe_tiles/{regime}/sm_{arch}"] = (compile_for(tiles._moe_tiles, sig, const, arch, **opts), smem_kb)
         others = [(tiles._moe_combine, COMBINE_SIGNATURE, dict(BLOCK_H=1024)),
                   (tiles._moe_activate, ACTIVATE_SIGNATURE, dict(ACT=1, UP_FIRST=True, BLOCK=512)),
-                  (moe_route._moe_route, ROUTE_SIGNATURE, dict(EB=256, CH=moe_route._CHUNK))]  # fmt: skip
+                  (moe_route._moe_route, ROUTE_SIGNATURE, dict(EB=256, CH=moe_route._CHUNK)),
+                  (topk_route._topk_route, TOPK_SIGNATURE, dict(K=8, RENORMALIZE=True, BT=8, EB=256, KB=8,
+                                                                LIBDEVICE_EXP=True))]  # fmt: skip
         for fn, sig, const in others:
             shared[f"{fn.__name__}/sm_{arch}"] = (compile_for(fn, sig, const, arch, num_warps=4), smem_kb)
     shared.update(linear_kernels(90, TARGETS[90]))

@@ -47,6 +47,21 @@ def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool = True
     return torch.ops.b12x.route_topk(router_logits, top_k, renormalize)
 
 
+def run_route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """On CUDA with Triton: one fused launch (b12x_kernels.topk_route), the same ids and weights within float32
+    rounding as the reference, which runs everywhere else (and past the kernel's MAX_EXPERTS, where no model is)."""
+    if logits.device.type == "cuda" and not DeviceInfo.of(logits.device).triton:
+        from b12x_kernels import topk_route
+
+        if logits.shape[1] <= topk_route.MAX_EXPERTS:
+            t = logits.shape[0]
+            weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+            ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+            topk_route.topk_route(logits, top_k, renormalize, weights, ids)
+            return weights, ids
+    return route_topk_reference(logits, top_k, renormalize)
+
+
 def route_topk_reference(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     probs = torch.softmax(logits.to(torch.float32), dim=-1)
     # a stable descending sort keeps the lower id first among equal probabilities

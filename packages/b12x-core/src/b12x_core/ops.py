@@ -9,7 +9,7 @@ import torch
 from . import _registry
 from .embedding import check_embedding_call, run_embedding
 from .linear import check_linear_call, run_linear
-from .moe import check_moe_call, route_topk_reference, run_moe
+from .moe import check_moe_call, run_moe, run_route_topk
 
 
 @torch.library.custom_op("b12x::linear", mutates_args=())
@@ -55,7 +55,7 @@ def _(ids, handle):
 
 @torch.library.custom_op("b12x::route_topk", mutates_args=())
 def _route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return route_topk_reference(router_logits, top_k, renormalize)
+    return run_route_topk(router_logits, top_k, renormalize)
 
 
 @_route_topk.register_fake
