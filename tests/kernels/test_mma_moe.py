@@ -179,6 +179,29 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
     assert "tensor_core_moe" in dict(decisions[0].lost)
 
 
+@pytest.mark.parametrize(
+    "kw,why",
+    [
+        (dict(epilogue="gelu"), "unknown epilogue"),
+        (dict(epilogue="silu", n=24), "silu needs N % 16"),
+        (dict(epilogue="f32"), "needs partials"),
+        (dict(order=16), "grouped needs the block table"),
+        (dict(order=16, block_expert=16, block_start=16, block_rows=16, blocks=4, n=40), "N % 16"),
+    ],
+)
+def test_kernel_entry_refuses_what_it_cannot_run_before_launching(kw, why):
+    """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
+    import b12x_kernels
+
+    if b12x_kernels._C is None:
+        pytest.skip(b12x_kernels.unavailable_reason())
+    n = kw.pop("n", 32)
+    fake = 16  # an aligned non-null address: the checks refuse before anything reads it
+    args = (4, fake, 0, 0, 0, 0, 1.0, 1.0, fake, 0, fake, n, 1, n, 128, 1, 1, 1, 1, 0, 0, 0)
+    with pytest.raises(ValueError, match=why):
+        b12x_kernels.mma_gemm(*args, **kw)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
