@@ -273,6 +273,9 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
     else:
         basis, never = f"{only.name} alone, as asked for", ()
         decisions = [Decision(1, query.max_tokens, only, "asked for")]
+    held = {d.backend.holds_layout for d in decisions} - {None}
+    if held and hasattr(weights, "shared_layout"):  # one copy of the weight: the others read the held layout
+        weights.shared_layout = sorted(held)[0]
     prepared: dict[type[Backend], Backend] = {}
     rows = []
     for d in decisions:

@@ -101,7 +101,7 @@ def stack(shards, act_mode: str, input_scale: float | None, device) -> StackedWe
     fmt = shards[0].format
     lead = len(shards[0].shape) - 2
     experts = int(np.prod(shards[0].shape[:lead]))
-    block, factor = scale_names(fmt)
+    block, _ = scale_names(fmt)
     block_rows = bf.spec("FP8_BLOCK").group_size
 
     def stacked(name: str, expand_rows: int = 1) -> torch.Tensor:
@@ -120,16 +120,24 @@ def stack(shards, act_mode: str, input_scale: float | None, device) -> StackedWe
     if block:
         scales = stacked(block, expand_rows=block_rows if fmt == "FP8_BLOCK" else 1)
         scales = scales.float() if fmt == "FP8_BLOCK" else scales
-    col = np.concatenate(
-        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
-    )
-    act_factor = input_scale if act_mode in TENSOR_ACTIVATION_SCALE else 1.0
-    col_scale = (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).to(device)
+    col_scale = torch.from_numpy(row_factors(shards, act_mode, input_scale)).to(device)
     grid = signs = None
     if fmt.startswith("IQ2"):
         grid = grid_table(fmt, device)
         signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
     return StackedWeight(weight, scales, col_scale.to(torch.float32), grid, signs)
+
+
+def row_factors(shards, act_mode: str, input_scale: float | None) -> np.ndarray:
+    """float32 [rows of every shard (and expert)]: each row's per-tensor weight factor times a per-tensor
+    activation scale the kernels leave out of the activations (what multiplies a row's dot products)."""
+    _, factor = scale_names(shards[0].format)
+    experts = int(np.prod(shards[0].shape[: len(shards[0].shape) - 2]))
+    col = np.concatenate(
+        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
+    )
+    act_factor = input_scale if act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+    return (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).numpy()
 
 
 @dataclass
@@ -165,11 +173,30 @@ def element_shards(shards, act_mode: str, input_scale: float | None, device, sta
 
 
 class DeviceWeights:
-    """The device layouts of one prepared op's weight, each made on first use and then shared."""
+    """The device layouts of one prepared op's weight, each made on first use and then shared.
+
+    `shared_layout`: set by the plan before its backends are prepared. "mma" when a chosen backend holds the
+    tensor-core GEMM's repacked layout; backends that can read it (decode + cuBLAS) then do, so the weight
+    is on the device once."""
 
     def __init__(self, shards: list[bf.QuantizedWeight], act_mode: str, input_scale: float | None, device):
         self.shards, self.act_mode, self.input_scale, self.device = shards, act_mode, input_scale, device
         self.format = shards[0].format
+        self.shared_layout: str | None = None
+
+    @functools.cached_property
+    def mma(self) -> list:
+        """The tensor-core GEMM's layout (mma_path.MmaShard per row shard; per-tensor activation scales of the
+        modes that leave them out of the activations are in each shard's alpha)."""
+        from . import mma_path
+
+        act_factor = self.input_scale if self.act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+        return mma_path.prepare(self.shards, self.device, float(np.float32(act_factor or 1.0)))
+
+    @functools.cached_property
+    def row_factor(self) -> torch.Tensor:
+        """float32 [N]: each row's per-tensor factor times the left-out activation scale (row_factors)."""
+        return torch.from_numpy(row_factors(self.shards, self.act_mode, self.input_scale)).to(self.device)
 
     @functools.cached_property
     def stacked(self) -> StackedWeight:

@@ -121,6 +121,9 @@ class Backend:
     # registry order breaks ties. None: open-ended.
     default_tokens: ClassVar[tuple[int, int | None]] = (1, None)
     warm: ClassVar[bool] = True  # run every plan row once at prepare (compiles kernels, initialises libraries)
+    # A weight layout of its own that other backends of the same plan may read instead of theirs (weights.py
+    # DeviceWeights.shared_layout); None: it reads the shared ones.
+    holds_layout: ClassVar[str | None] = None
 
     def __init__(self, query: Query, weights):
         self.query, self.weights = query, weights

@@ -2,7 +2,9 @@
 
 - `DecodeGemm`: decode the weight to bf16 in the device's shared workspace (one memory-bound Triton pass), then
   the dense bf16 GEMM. For operands bf16 holds exactly: bf16, mxfp8, nvfp4 (input_scale in the row factors) and
-  static fp8 (e4m3 values; the static scale in the row factors).
+  static fp8 (e4m3 values; the static scale in the row factors). Where the plan also runs the tensor-core GEMM,
+  it decodes that backend's repacked layout (b12x_kernels.mma_decode, same values) instead of holding the
+  checkpoint layout too: the weight is on the device once.
 - `ScaledMM`: FP8 weights with static per-tensor or dynamic per-token fp8 activations: `torch._scaled_mm` with
   row-wise scales.
 - `BlockScaledMM`: FP8_BLOCK weights with 1×128 fp8 activation groups: torch's block-wise scaled FP8 GEMM
@@ -11,11 +13,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from b12x_formats import tables
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
-from .. import workspace
+from .. import mma_layout, workspace
+from ..weights import grid_table
 from . import operands
 from .base import Backend, cuda_reason
 
@@ -48,7 +53,21 @@ class DecodeGemm(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        self.stacked = weights.stacked
+        if weights is None:  # a preview: configurations only
+            return
+        self.from_mma = weights.shared_layout == "mma"
+        if self.from_mma:
+            self.shards, self.row_factor = weights.mma, weights.row_factor
+            fields = np.asarray(mma_layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)
+            self.fields = torch.from_numpy(fields).to(query.device.device)
+            device = query.device.device
+            self.grid = grid_table(query.format, device)
+            self.signs = None if self.grid is None else torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
+        else:
+            self.stacked = weights.stacked
+
+    def configs(self, lo, hi):
+        return [(lo, hi, {"reads": "the tensor-core layout"} if getattr(self, "from_mma", False) else {})]
 
     def reserve(self):
         workspace.reserve_weights(self.query.device.device, self.query.n * self.query.k)
@@ -59,12 +78,26 @@ class DecodeGemm(Backend):
     def run(self, x2, bias, *, config):
         from b12x_kernels import tiles
 
-        q, tw = self.query, self.stacked
+        q = self.query
         xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
         w = workspace.weights(x2.device, q.n, q.k)
-        tiles.dequantize_tiles(q.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
-                               sign_table=tw.signs)  # fmt: skip
+        if self.from_mma:
+            self._decode_mma(w)
+        else:
+            tw = self.stacked
+            tiles.dequantize_tiles(q.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
+                                   sign_table=tw.signs)  # fmt: skip
         return torch.nn.functional.linear(xv, w, None if bias is None else bias.to(torch.bfloat16))
+
+    def _decode_mma(self, w):
+        """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows)."""
+        from b12x_kernels import mma_decode
+
+        for s in self.shards:
+            rows = slice(s.row, s.row + s.n)
+            mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
+                                      self.fields, self.row_factor[rows], w[rows], mma_layout.chunk_k(s.format),
+                                      s.chunks)  # fmt: skip
 
 
 class ScaledMM(Backend):

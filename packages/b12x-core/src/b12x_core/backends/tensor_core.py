@@ -13,11 +13,9 @@ on this device).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import mma_layout, mma_path, workspace
-from ..weights import TENSOR_ACTIVATION_SCALE
 from . import operands
 from .base import Backend, cuda_reason
 
@@ -27,6 +25,7 @@ CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (p
 
 class TensorCoreGemm(Backend):
     name, op = "tensor_core", "linear"
+    holds_layout = "mma"
     default_tokens = (1, 32)  # where it beats the GEMV and the tiles on the H200 (docs/performance.md)
     tickets_needed = 1  # split-K tickets the largest configured call takes (configs() raises it per instance)
 
@@ -49,8 +48,7 @@ class TensorCoreGemm(Backend):
         super().__init__(query, weights)
         if weights is None:  # a preview: configurations only
             return
-        act_factor = weights.input_scale if query.act_mode in TENSOR_ACTIVATION_SCALE else 1.0
-        self.shards = mma_path.prepare(weights.shards, query.device.device, float(np.float32(act_factor or 1.0)))
+        self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
 
     def _slots(self, mt: int) -> int:
         q = self.query

@@ -1,0 +1,139 @@
+"""One copy of a weight on the device: where the plan runs the tensor-core GEMM (its repacked layout) and decode +
+cuBLAS, the decode reads the repacked layout (b12x_kernels.mma_decode) instead of the checkpoint layout.
+
+On CPU, in Triton's interpreter: the decode from the repacked layout equals the checkpoint-layout decode
+(tiles.dequantize_tiles) bit for bit, every format, fused shards with their own per-tensor scales, N and K
+tails, and both are within one bf16 rounding of the format oracle (b12x_formats.dequantize); decode_gemm prepared
+with the shared layout never builds the checkpoint-layout copy and gives the same output. The plan sets the
+shared layout when a chosen backend holds one. On the GPU (marked gpu): a plan of both backends holds one copy and
+matches the reference on both sides of its crossover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from closeness import close
+
+import b12x_core as bc
+import b12x_formats as bf
+from b12x_core import crossover, mma_layout, plan, workspace
+from b12x_core.backends import Backend, DeviceInfo, Query
+from b12x_core.backends.cublas import DecodeGemm
+from b12x_core.weights import DeviceWeights
+
+pytest.importorskip("triton")
+
+from b12x_kernels import tiles  # noqa: E402
+
+FORMATS = list(mma_layout.FORMATS)
+CPU = torch.device("cpu")
+
+
+def shards(rng, fmt: str, rows=(24, 40)) -> list[bf.QuantizedWeight]:
+    """Row shards (a fused qkv / gate_up) with their own per-tensor scales; K with a tail past whole chunks."""
+    k = 2 * mma_layout.chunk_k(fmt) + bf.spec(fmt).k_multiple
+    out = []
+    for n in rows:
+        qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 10), fmt)
+        factor = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
+        if factor:
+            qw = bf.QuantizedWeight.from_tensors(
+                fmt, {**qw.tensors, factor: np.float32(rng.uniform(0.5, 2.0)).reshape(qw.tensors[factor].shape)}
+            )
+        out.append(qw)
+    return out
+
+
+def poisoned(n: int, k: int) -> torch.Tensor:
+    return torch.full((n, k), float("nan"), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_from_the_repacked_layout_equals_the_checkpoint_decode(rng, fmt):
+    parts = shards(rng, fmt)
+    weights = DeviceWeights(parts, "bf16", None, CPU)
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    stacked = weights.stacked
+    want = tiles.dequantize_tiles(fmt, stacked.weight, stacked.scales, stacked.col_scale, poisoned(n, k),
+                                  grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
+    weights.shared_layout = "mma"
+    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
+    got = poisoned(n, k)
+    backend._decode_mma(got)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
+    close(got, oracle)
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])
+def test_decode_gemm_on_the_shared_layout_never_builds_a_second_copy(rng, fmt):
+    parts = shards(rng, fmt, rows=(128, 128))
+    n, k = 256, parts[0].shape[1]
+    q = Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k, max_tokens=4, shard_rows=(128, 128))
+    x = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)).to(torch.bfloat16)
+    outputs = []
+    for layout in (None, "mma"):
+        weights = DeviceWeights(parts, "bf16", None, CPU)
+        weights.shared_layout = layout
+        p = plan.build(q, weights, only=DecodeGemm, warm=False)
+        workspace.poison(CPU)
+        outputs.append(p.for_tokens(3).run(x, None))
+        assert ("stacked" in weights.__dict__) == (layout is None)
+    assert torch.equal(outputs[0], outputs[1])
+
+
+class Holder(Backend):
+    """A backend holding a layout of its own, for the plan's bookkeeping."""
+
+    name, op, holds_layout = "holder", "linear", "mma"
+
+    @classmethod
+    def can_implement(cls, query):
+        return True, "holds"
+
+    def run(self, x2, bias, *, config):
+        return x2
+
+
+def test_the_plan_shares_a_held_layout_with_the_other_backends(rng):
+    weights = DeviceWeights(shards(rng, "MXFP4"), "bf16", None, CPU)
+    q = Query("linear", "MXFP4", "bf16", "bf16", DeviceInfo.of(CPU), n=64, k=288, max_tokens=4)
+    plan.build(q, weights, only=Holder, warm=False)
+    assert weights.shared_layout == "mma"
+    untouched = DeviceWeights(shards(rng, "MXFP4"), "bf16", None, CPU)
+    plan.build(q, untouched, only=DecodeGemm, warm=False)
+    assert untouched.shared_layout is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "FP8"])
+def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
+    """A table where the tensor-core GEMM wins to M=8 and decode + cuBLAS above: one device copy, both sides of the
+    crossover match the reference."""
+    parts = shards(rng, fmt, rows=(128, 64))
+    n, k = 192, parts[0].shape[1]
+    device = DeviceInfo.of(torch.device("cuda"))
+    q = Query("linear", fmt, "bf16", "bf16", device, n=n, k=k, max_tokens=64, shard_rows=(128, 64))
+    times = {"tensor_core": (1.0, 1.0, 9.0), "decode_gemm": (9.0, 9.0, 1.0)}
+    entry = crossover.Entry(device.capability, fmt, "bf16", crossover.shape_class(n, k),
+                            (1, 8, 64), times, "test")  # fmt: skip
+    weights = DeviceWeights(parts, "bf16", None, device.device)
+    p = plan.build(q, weights, entries=(entry,))
+    assert [d.backend.name for d in p.decisions] == ["tensor_core", "decode_gemm"]
+    assert "stacked" not in weights.__dict__
+    ref = bc.prepare_linear(parts, max_tokens=64)
+    for m in (3, 40):
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+        close(p.for_tokens(m).run(x.cuda(), None).cpu(), bc.linear(x, ref))
+    assert "stacked" not in weights.__dict__
+
+
+def test_decode_gemm_previews_need_no_weights():
+    q = Query("linear", "NVFP4", "bf16", "bf16", dataclasses.replace(DeviceInfo.of(CPU)), n=64, k=256)
+    backend = DecodeGemm.__new__(DecodeGemm)
+    DecodeGemm.__init__(backend, q, None)
+    assert backend.configs(1, 8) == [(1, 8, {})]
