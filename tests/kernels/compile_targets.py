@@ -86,8 +86,8 @@ def mma_decode_constants(name: str) -> tuple[dict, dict]:
     mw = mma_layout.pack(bf.quantize(np.ones((16, kb), np.float32), name))
     per_row = [0 if a is None else a.size // 16 for a in (mw.meta, mw.meta2)]
     e4m3 = "*fp8e4nv"
-    sig = dict(MMA_DECODE_SIGNATURE, codes_ptr=e4m3 if name in ("FP8", "FP8_BLOCK", "MXFP8") else "*u8",
-               meta_ptr=e4m3 if "NVFP4" in name else "*u8")  # fmt: skip
+    codes = e4m3 if name in ("FP8", "FP8_BLOCK", "MXFP8") else "*i32" if "FP4" in name or "IQ2" in name else "*u8"
+    sig = dict(MMA_DECODE_SIGNATURE, codes_ptr=codes, meta_ptr=e4m3 if "NVFP4" in name else "*u8")  # as dequantize_mma
     return sig, dict(FMT=format_id(name), KB=kb, META=per_row[0], META2=per_row[1])
 
 

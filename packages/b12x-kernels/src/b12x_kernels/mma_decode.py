@@ -45,12 +45,9 @@ def _chunk_byte(codes_ptr, tile_bytes, i):
 
 
 @triton.jit
-def _chunk_u32(codes_ptr, tile_bytes, at):
-    """The little-endian 32-bit word at chunk bytes at .. at + 3 (at % 4 == 0: one lane's word)."""
-    word = _chunk_byte(codes_ptr, tile_bytes, at).to(tl.uint32)
-    for j in tl.static_range(1, 4):
-        word |= _chunk_byte(codes_ptr, tile_bytes, at + j).to(tl.uint32) << (8 * j)
-    return word
+def _chunk_word(words_ptr, tile_bytes, w):
+    """32-bit word w (0..15) of a row's chunk, through an int32 view of the codes (a lane's 16 bytes are 4 words)."""
+    return tl.load(words_ptr + tile_bytes // 4 + (w // 4) * 4 + w % 4).to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -83,40 +80,41 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
             w = byte.to(tl.float32)
             if FMT == FMT_MXFP8:
                 w = (w * _e8m0(tl.load(meta_ptr + row_meta * META + kk // 32))).to(tl.bfloat16).to(tl.float32)
-    elif FMT == FMT_NVFP4 or FMT == FMT_MXFP4:  # 8 codes per word; pair p of a word at fields[4p .. 4p+3] (+16)
-        lane_e = kk % 32
-        word = _chunk_u32(codes_ptr, tile_bytes, (kk // 32) * 16 + (lane_e // 8) * 4)
-        p = (lane_e % 8) // 2
-        half = (lane_e % 2) * 16
-        code = tl.zeros((BLOCK_N, KB), tl.int32)
-        for bit in tl.static_range(4):  # magnitude bits 0-2, sign bit 3
-            shift = (tl.load(fields_ptr + 4 * p + bit) + half).to(tl.uint32)
+    elif FMT == FMT_NVFP4 or FMT == FMT_MXFP4:  # word w holds weights 8w .. 8w+7; pair p's bits at fields[4p..]
+        tb3 = tl.expand_dims(tile_bytes, 2)
+        word = _chunk_word(codes_ptr, tb3, tl.arange(0, KB // 8)[None, :, None])  # one load per 8 weights
+        e = tl.arange(0, 8)[None, None, :]
+        code = tl.zeros((BLOCK_N, KB // 8, 8), tl.int32)
+        for bit in tl.static_range(4):  # magnitude bits 0-2, sign bit 3; the high element of a pair 16 bits up
+            shift = (tl.load(fields_ptr + 4 * (e // 2) + bit) + (e % 2) * 16).to(tl.uint32)
             code |= ((word >> shift) & 1).to(tl.int32) << bit
+        code = tl.reshape(code, (BLOCK_N, KB))
         if FMT == FMT_NVFP4:
             s = tl.load(meta_ptr + row_meta * META + kk // 16).to(tl.float32)  # meta_ptr: an fp8 tensor
         else:
             s = _e8m0(tl.load(meta_ptr + row_meta * META + kk // 32))
         w = (_e2m1(code) * s).to(tl.bfloat16).to(tl.float32)
     else:  # IQ2_XXS / IQ2_XS: the chunk is one 256-weight block; group g of 8 weights, element e of the group
-        g = kk // 8
-        e = kk % 8
-        d = _fp16_of(tl.load(meta_ptr + row_meta * META), tl.load(meta_ptr + row_meta * META + 1))
-        if FMT == FMT_IQ2_XXS:  # per 32 weights: 4 grid bytes, then u32 (4 × 7 sign bits, 4-bit scale)
-            sub = (g // 4) * 8
-            grid_idx = _chunk_byte(codes_ptr, tile_bytes, sub + g % 4).to(tl.int32)
-            aux = _chunk_u32(codes_ptr, tile_bytes, sub + 4)
+        tb3 = tl.expand_dims(tile_bytes, 2)
+        rm3 = tl.expand_dims(row_meta, 2)
+        g = tl.arange(0, 32)[None, :, None]
+        e = tl.arange(0, 8)[None, None, :]
+        d = _fp16_of(tl.load(meta_ptr + rm3 * META), tl.load(meta_ptr + rm3 * META + 1))
+        if FMT == FMT_IQ2_XXS:  # per 32 weights (words 2s, 2s+1): 4 grid bytes, then (4 × 7 sign bits, 4-bit scale)
+            grid_idx = ((_chunk_word(codes_ptr, tb3, 2 * (g // 4)) >> (8 * (g % 4)).to(tl.uint32)) & 255).to(tl.int32)
+            aux = _chunk_word(codes_ptr, tb3, 2 * (g // 4) + 1)
             sign_idx = ((aux >> (7 * (g % 4)).to(tl.uint32)) & 127).to(tl.int32)
             nibble = (aux >> 28).to(tl.int32)
         else:  # u16 per group (9-bit grid index, 7-bit sign index); two 4-bit scales per byte of meta2
-            q = (_chunk_byte(codes_ptr, tile_bytes, 2 * g).to(tl.int32)
-                 | (_chunk_byte(codes_ptr, tile_bytes, 2 * g + 1).to(tl.int32) << 8))  # fmt: skip
+            q = ((_chunk_word(codes_ptr, tb3, g // 2) >> (16 * (g % 2)).to(tl.uint32)) & 65535).to(tl.int32)
             grid_idx = q & 511
             sign_idx = q >> 9
-            nibble = (tl.load(meta2_ptr + row_meta * META2 + g // 4).to(tl.int32) >> (4 * ((g // 2) % 2))) & 15
+            nibble = (tl.load(meta2_ptr + rm3 * META2 + g // 4).to(tl.int32) >> (4 * ((g // 2) % 2))) & 15
         db = d * (0.5 + nibble.to(tl.float32)) * 0.25  # llama.cpp's order of operations (as tiles._decode)
         magnitude = ((tl.load(grid_ptr + grid_idx) >> (8 * e).to(tl.int64)) & 255).to(tl.float32)
         negative = (tl.load(sign_ptr + sign_idx).to(tl.int32) >> e) & 1
-        w = (tl.where(negative != 0, -magnitude, magnitude) * db).to(tl.bfloat16).to(tl.float32)
+        v = (tl.where(negative != 0, -magnitude, magnitude) * db).to(tl.bfloat16).to(tl.float32)
+        w = tl.reshape(v, (BLOCK_N, KB))
     if FMT == FMT_FP8_BLOCK:
         kblocks = tl.cdiv(K, FP8_BLOCK_SIZE)
         w = w * tl.load(block_scale_ptr + (n // FP8_BLOCK_SIZE) * kblocks + k // FP8_BLOCK_SIZE, mask=n < N, other=0.0)
@@ -137,6 +135,8 @@ def dequantize_mma(fmt: str, codes, meta, meta2, block_scale, grid_table, sign_t
         codes = codes.view(torch.float8_e4m3fn)
     if "NVFP4" in fmt:  # e4m3 block scales
         meta = meta.view(torch.float8_e4m3fn)
+    if "FP4" in fmt or fmt.startswith("IQ2"):  # read a word at a time
+        codes = codes.view(torch.int32)
     dummy = row_factor
     padded_rows = triton.cdiv(n, BLOCK_N.value) * BLOCK_N.value
     meta_bytes = 0 if meta is None else meta.numel() // (padded_rows * chunks)
