@@ -106,8 +106,9 @@ def linear_kernels(arch: int, smem_kb: int) -> dict:
         sig, const = mma_decode_constants(name)
         out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_decode._dequantize_mma, sig, const, arch,
                                                                num_warps=4), smem_kb)  # fmt: skip
-    for mode, values in ((2, False), (1, True)):
-        const = dict(MODE=mode, VALUES=values, BLOCK_M=16, BLOCK_K=tiles.BLOCK_K)
+    for mode, values in ((2, False), (1, True), (0, True)):  # block sizes as act_quant.quantize_fp8 launches them
+        block_m, block_k = (1, act_quant.TOKEN_BLOCK_K) if mode == 1 else (16, tiles.BLOCK_K)
+        const = dict(MODE=mode, VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k)
         sig = dict(QUANT_SIGNATURE, q_ptr="*bf16" if values else "*u8")
         out[f"quantize_fp8/{mode}/sm_{arch}"] = (compile_for(act_quant._quantize_fp8, sig, const, arch, num_warps=4),
                                                  smem_kb)  # fmt: skip

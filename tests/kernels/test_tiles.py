@@ -213,7 +213,8 @@ def test_activation_quantization_kernel_is_bit_exact(rng, mode, device):
 
 @pytest.mark.parametrize("mode", ["fp8_static", "fp8_token", "fp8_group128"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device):
+@pytest.mark.parametrize("k", [300, 2500])  # within one step of a per-token program, and several with a tail
+def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device, k):
     """The fused fp8 activation quantizer against b12x_core.activations.fp8_operands: codes and scales bit for
     bit (saturation, an all-zero token, K not a multiple of 128)."""
     if device == "cpu" and torch.cuda.is_available():
@@ -221,11 +222,11 @@ def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device):
     from b12x_core.activations import fp8_operands
     from b12x_kernels import act_quant
 
-    x = torch.from_numpy(rng.standard_normal((37, 300)) * np.logspace(-4, 3, 300)).to(torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((37, k)) * np.logspace(-4, 3, k)).to(torch.bfloat16)
     x[2] = 0
     static = float(np.float32(x.float().abs().max() / 448 / 3))  # a third of the values saturate
-    q = torch.empty(37, 300, dtype=torch.uint8, device=device)
-    scale = {"fp8_static": None, "fp8_token": torch.empty(37), "fp8_group128": torch.empty(37, 3)}[mode]
+    q = torch.full((37, k), 0x7F, dtype=torch.uint8, device=device)  # poisoned: e4m3 NaN
+    scale = {"fp8_static": None, "fp8_token": torch.empty(37), "fp8_group128": torch.empty(37, -(-k // 128))}[mode]
     scale = None if scale is None else scale.to(device)
     act_quant.quantize_fp8(x.to(device), mode, q, scale, static)
     codes, row, groups = fp8_operands(x, mode, static)
