@@ -137,3 +137,23 @@ def test_decode_gemm_previews_need_no_weights():
     backend = DecodeGemm.__new__(DecodeGemm)
     DecodeGemm.__init__(backend, q, None)
     assert backend.configs(1, 8) == [(1, 8, {})]
+
+
+def test_explain_reports_one_copy_of_the_weight_when_the_layout_is_shared(rng):
+    """The memory a plan holds, as explain prints it: decode_gemm on the shared repacked layout holds its bytes
+    (no bigger than the checkpoint's plus padding), on the checkpoint layout the stacked copy."""
+    parts = shards(rng, "MXFP4", rows=(128, 128))
+    q = Query("linear", "MXFP4", "bf16", "bf16", DeviceInfo.of(CPU), n=256, k=parts[0].shape[1], max_tokens=4,
+              shard_rows=(128, 128))  # fmt: skip
+    held = {}
+    for layout in (None, "mma"):
+        weights = DeviceWeights(parts, "bf16", None, CPU)
+        weights.shared_layout = layout
+        p = plan.build(q, weights, only=DecodeGemm, warm=False)
+        held[layout] = p.held_bytes()
+        assert f"holds {held[layout] / 1024:.1f} KiB of weights on cpu" in p.explain("h")
+    checkpoint = sum(np.asarray(t).nbytes for part in parts for t in part.tensors.values())
+    k = parts[0].shape[1]
+    padded_k = -(-k // mma_layout.chunk_k("MXFP4")) * mma_layout.chunk_k("MXFP4")  # the layout pads K to a chunk
+    assert checkpoint <= held["mma"] <= checkpoint * padded_k / k + 256 * 4 + 64  # + row factors, E2M1 fields
+    assert checkpoint <= held[None] <= checkpoint + 256 * 4

@@ -94,8 +94,22 @@ class Plan:
             return self.decisions[0].backend.name
         return ", ".join(f"{d.backend.name} ({_tokens(d.lo, d.hi)})" for d in self.decisions)
 
+    def held_bytes(self) -> int:
+        """Bytes of memory the plan's prepared backends hold (their weights in every layout kept, each storage
+        once: layouts shared between backends or with a tied embedding count once; the per-device scratch that
+        every op shares does not count). 0 for a preview."""
+        storages = {}
+        for backend in {id(row.backend): row.backend for row in self.rows}.values():
+            for t in _tensors(vars(backend), set()):
+                storage = t.untyped_storage()
+                storages[(t.device, storage.data_ptr())] = storage.nbytes()
+        return sum(storages.values())
+
     def explain(self, header: str, m: int | None = None) -> str:
         lines = [header + (f" at m={m}" if m is not None else ""), f"plan: {self.basis}"]
+        held = self.held_bytes()
+        if held:
+            lines.append(f"holds {_size(held)} of weights on {self.query.device.device}")
         if self.never:
             lines.append("  cannot run here:")
             lines += [f"    {name}: {why}" for name, why in self.never]
@@ -113,6 +127,31 @@ class Plan:
                 if row.decision is d and (m is None or row.lo <= m <= row.hi):
                     lines.append(f"      {_tokens(row.lo, row.hi):<12} {format_config(row.config)}")
         return "\n".join(lines)
+
+
+def _tensors(obj, seen: set):
+    """Every torch tensor reachable from obj through containers and the attributes of b12x objects."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v, seen)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v, seen)
+    elif type(obj).__module__.startswith("b12x_core") and hasattr(obj, "__dict__"):
+        yield from _tensors(vars(obj), seen)
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
 
 
 def _verdicts(query: Query):
