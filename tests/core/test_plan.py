@@ -5,6 +5,7 @@ backend's can_implement says why not. Plans for GPUs that are not here are worke
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -86,8 +87,10 @@ def test_every_token_count_maps_to_a_warmed_row_and_explain_lists_every_row(rng)
     assert len(config_lines) == 1 and config_lines[0].startswith(f"{row.lo}-{row.hi} ")
 
 
-def test_measured_ranges_go_to_the_fastest_capable_backend(rng):
-    """A random table: at each measured M the row's backend is the brute-force minimum over capable backends."""
+def test_measured_ranges_go_to_the_fastest_capable_backend(rng, monkeypatch):
+    """A random table: at each measured M the row's backend is the brute-force minimum over capable backends
+    (two weight copies allowed: speed alone decides)."""
+    monkeypatch.setenv("B12X_WEIGHT_COPIES", "2")
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
     names = [cls.name for cls in backends.for_op("linear")] + ["not_a_backend"]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
@@ -99,6 +102,57 @@ def test_measured_ranges_go_to_the_fastest_capable_backend(rng):
     for p in ms:
         best = min(able, key=lambda name: us[name][ms.index(p)])
         assert next(d for d in decisions if d.lo <= p <= d.hi).backend.name == best, (p, decisions)
+
+
+def random_table(rng, fmt="MXFP4"):
+    ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
+    names = [cls.name for cls in backends.for_op("linear")]
+    us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
+    return crossover.Entry((9, 0), fmt, "bf16", "N:M/K:M", ms, us, "random")
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4", "FP8", "IQ2_XS"])
+def test_a_plan_keeps_one_copy_of_the_weight_losing_least(rng, fmt):
+    """A random table: the plan's backends share one weight layout, and of the layouts' families it keeps the
+    one whose worst ratio to the fastest backend, over the measured M, is smallest (brute force); explain names
+    the backends left out and the cost."""
+    entry = random_table(rng, fmt)
+    q = query(fmt, "bf16", H200, max_tokens=2048)
+    able = [cls for cls in backends.for_op("linear") if cls.can_implement(q)[0]]
+    basis, _, decisions = plan.choose(q, entries=(entry,))
+    chosen = {d.backend for d in decisions}
+    assert plan.shared_layout(list(chosen)) is not None
+
+    def fastest(names, p):
+        return min(entry.us[name][entry.ms.index(p)] for name in names)
+
+    points = [p for p in entry.ms if p <= 2048]
+    everyone = [cls.name for cls in able]
+    worst = {}
+    for layout in {r for cls in able for r in cls.reads}:
+        family = [cls.name for cls in able if layout in cls.reads]
+        worst[layout] = max(fastest(family, p) / fastest(everyone, p) for p in points)
+    if "one weight copy" in basis:
+        got = max(fastest([d.backend.name for d in decisions if d.lo <= p <= d.hi], p) / fastest(everyone, p)
+                  for p in points)  # fmt: skip
+        assert got == pytest.approx(min(worst.values()))
+        left_out = {name for d in decisions for name, why in d.lost if "second copy of the weight" in why}
+        assert left_out and left_out.isdisjoint(cls.name for cls in chosen)
+    else:  # the fastest per range already shares a layout
+        assert all(fastest([d.backend.name], p) == fastest(everyone, p) for p in points for d in decisions
+                   if d.lo <= p <= d.hi)  # fmt: skip
+
+
+def test_two_weight_copies_when_asked_for(rng, monkeypatch):
+    entry = random_table(rng)
+    entry = dataclasses.replace(entry, us={**entry.us, "tensor_core": (1.0,) + (1e3,) * (len(entry.ms) - 1),
+                                           "cuda_gemv": (1e3,) + (1.0,) * (len(entry.ms) - 1)})  # fmt: skip
+    q = query("MXFP4", "bf16", H200, max_tokens=2048)
+    _, _, one = plan.choose(q, entries=(entry,))
+    assert plan.shared_layout(list({d.backend for d in one})) is not None
+    monkeypatch.setenv("B12X_WEIGHT_COPIES", "2")
+    basis, _, two = plan.choose(q, entries=(entry,))
+    assert [d.backend.name for d in two][:2] == ["tensor_core", "cuda_gemv"] and "one weight copy" not in basis
 
 
 def test_an_unmeasured_key_gets_the_defaults_and_explain_says_so():

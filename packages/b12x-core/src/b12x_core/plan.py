@@ -8,12 +8,19 @@ goes to the fastest backend measured on this GPU for this format, activation mod
 registry order breaking ties); the chosen backends are prepared, split their ranges by configuration, size the
 shared workspaces, and every row is run once (warmed) so no call compiles or initialises anything.
 `linear` / `moe` / `embedding` then run `plan.for_tokens(m).run(...)`.
+
+One copy of the weight: backends read different device layouts of it (`Backend.reads`). Where the fastest
+backend per range would need two (the tensor-core GEMM's repacked tiles for small M, the checkpoint layout for
+the GEMV or the Triton tiles), the plan keeps the family of backends that share one layout and loses least
+against the fastest at the measured token counts (unmeasured: the family of the M=1 default), and explain says
+what that costs. `B12X_WEIGHT_COPIES=2`, read when the plan is made, lets every range take its fastest backend.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -154,6 +161,62 @@ def _size(nbytes: int) -> str:
     return f"{nbytes:.1f} GiB"
 
 
+def weight_copies() -> int:
+    """B12X_WEIGHT_COPIES=2 lets a plan hold the weight in two layouts (each range its fastest backend); 1 (the
+    default) keeps one copy. Read when the plan is made."""
+    return 2 if os.environ.get("B12X_WEIGHT_COPIES", "1").strip() == "2" else 1
+
+
+def shared_layout(backends_: list[type[Backend]]) -> str | None:
+    """The layout every backend of the list reads (the checkpoint's where that is one of them), or None."""
+    common = set.intersection(*(set(cls.reads) for cls in backends_))
+    if not common:
+        return None
+    return "checkpoint" if "checkpoint" in common else sorted(common)[0]
+
+
+def one_copy(able, decisions, decide, entry=None) -> tuple[list | None, str]:
+    """-> (the capable backends the plan keeps, what it costs) when the decisions' backends need two layouts of
+    the weight; (None, "") when they share one or B12X_WEIGHT_COPIES=2. `decide(subset)` remakes the decisions
+    among a subset. Each layout's family is the backends reading it; measured (`entry`), the family whose
+    decisions lose least against the fastest at the measured token counts wins, unmeasured the M=1 winner's."""
+    chosen = list(dict.fromkeys(d.backend for d in decisions))
+    if shared_layout(chosen) is not None or weight_copies() == 2:
+        return None, ""
+    layouts = list(dict.fromkeys(layout for cls in able for layout in cls.reads))
+    families = {layout: [cls for cls in able if layout in cls.reads] for layout in layouts}
+    if entry is None:
+        first = decisions[0].backend
+        layout = next(layout for layout in layouts if layout in first.reads)
+        return families[layout], f"one weight copy ({layout} layout: the M=1 default's; B12X_WEIGHT_COPIES=2 for two)"
+
+    def worst(family) -> float:
+        """The largest ratio, over measured M, of the family's winner time to the fastest's."""
+        fam = decide(family)
+        ratio = 1.0
+        for p in entry.ms:
+            if p > decisions[-1].hi:
+                break
+            best = next(d for d in decisions if d.lo <= p <= d.hi).backend.name
+            mine = next(d for d in fam if d.lo <= p <= d.hi).backend.name
+            t_best, t_mine = entry.time(best, p)[0], entry.time(mine, p)[0]
+            if t_best and t_mine:
+                ratio = max(ratio, t_mine / t_best)
+        return ratio
+
+    costs = {layout: worst(fam) for layout, fam in families.items() if fam}
+    layout = min(costs, key=costs.get)
+    return families[layout], (f"one weight copy ({layout} layout): at most {costs[layout]:.2f}× the fastest backend "
+                              f"at the measured M (B12X_WEIGHT_COPIES=2 holds two copies for that)")  # fmt: skip
+
+
+def _excluded(decisions: list[Decision], able, family) -> list[Decision]:
+    """The decisions, each listing the capable backends left out for needing another copy of the weight."""
+    out = tuple((cls.name, f"would hold a second copy of the weight ({' or '.join(cls.reads)} layout)")
+                for cls in able if cls not in family)  # fmt: skip
+    return [Decision(d.lo, d.hi, d.backend, d.why, d.lost + out) for d in decisions]
+
+
 def _verdicts(query: Query):
     return [(cls, *cls.can_implement(query)) for cls in backends.for_op(query.op)]
 
@@ -271,12 +334,22 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
                              op=query.op)  # fmt: skip
     if found is None:
         note = f"no measurements for {arch} {query.format} × {query.act_mode}"
-        return f"conservative defaults ({note})", never, _default_decisions(able, 1, hi, "unmeasured")
+        basis = f"conservative defaults ({note})"
+        decisions = _default_decisions(able, 1, hi, "unmeasured")
+        family, cost = one_copy(able, decisions, lambda subset: _default_decisions(subset, 1, hi, "unmeasured"))
+        if family is None:
+            return basis, never, decisions
+        return f"{basis}; {cost}", never, _excluded(_merge(_default_decisions(family, 1, hi, "unmeasured")), able,
+                                                    family)  # fmt: skip
     entry, note = found
     basis = (f"measured on {arch}, shape class {entry.shape} ({entry.source}){'; ' + note if note else ''}; "
              f"per range the fastest at its last measured M (µs; ~ interpolated, ≤ bounded by a larger M's time, "
              f"? unmeasured)")  # fmt: skip
-    return basis, never, _measured_decisions(able, entry, hi)
+    decisions = _measured_decisions(able, entry, hi)
+    family, cost = one_copy(able, decisions, lambda subset: _measured_decisions(subset, entry, hi), entry)
+    if family is None:
+        return basis, never, decisions
+    return f"{basis}; {cost}", never, _excluded(_measured_decisions(family, entry, hi), able, family)
 
 
 def preview(query: Query, entries=None) -> Plan:
@@ -312,9 +385,10 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
     else:
         basis, never = f"{only.name} alone, as asked for", ()
         decisions = [Decision(1, query.max_tokens, only, "asked for")]
-    held = {d.backend.holds_layout for d in decisions} - {None}
-    if held and hasattr(weights, "shared_layout"):  # one copy of the weight: the others read the held layout
-        weights.shared_layout = sorted(held)[0]
+    chosen = list({d.backend for d in decisions})
+    common = set.intersection(*(set(cls.reads) for cls in chosen))
+    if common and hasattr(weights, "shared_layout") and weights.shared_layout not in common:
+        weights.shared_layout = shared_layout(chosen)  # the one layout every chosen backend reads
     prepared: dict[type[Backend], Backend] = {}
     rows = []
     for d in decisions:

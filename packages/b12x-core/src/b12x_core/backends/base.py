@@ -121,9 +121,10 @@ class Backend:
     # registry order breaks ties. None: open-ended.
     default_tokens: ClassVar[tuple[int, int | None]] = (1, None)
     warm: ClassVar[bool] = True  # run every plan row once at prepare (compiles kernels, initialises libraries)
-    # A weight layout of its own that other backends of the same plan may read instead of theirs (weights.py
-    # DeviceWeights.shared_layout); None: it reads the shared ones.
-    holds_layout: ClassVar[str | None] = None
+    # The device layouts of the weight it can run from (weights.py DeviceWeights): "checkpoint" (the checkpoint's
+    # bytes stacked along N, and views of them), "mma" (the tensor-core GEMM's repacked tiles). A plan keeps one
+    # copy of the weight: its backends share a layout they all read (plan.py one_copy).
+    reads: ClassVar[tuple[str, ...]] = ("checkpoint",)
 
     def __init__(self, query: Query, weights):
         self.query, self.weights = query, weights

@@ -41,6 +41,7 @@ def _pad(m: int) -> int:
 class DecodeGemm(Backend):
     name, op = "decode_gemm", "linear"
     default_tokens = (DECODE_GEMM_FROM, None)
+    reads = ("checkpoint", "mma")
 
     @classmethod
     def can_implement(cls, q):

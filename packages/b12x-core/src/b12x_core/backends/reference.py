@@ -20,6 +20,7 @@ def _reference_reason(query: Query) -> tuple[bool, str]:
 
 class _Reference(Backend):
     name, warm = "reference", False  # nothing to compile
+    reads = ("dequantized",)
 
     @classmethod
     def can_implement(cls, query):

@@ -25,7 +25,7 @@ CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (p
 
 class TensorCoreGemm(Backend):
     name, op = "tensor_core", "linear"
-    holds_layout = "mma"
+    reads = ("mma",)
     default_tokens = (1, 32)  # where it beats the GEMV and the tiles on the H200 (docs/performance.md)
     tickets_needed = 1  # split-K tickets the largest configured call takes (configs() raises it per instance)
 

@@ -35,6 +35,7 @@ def _rows13(shape) -> int:
 
 class TensorCoreMoE(Backend):
     name, op = "tensor_core_moe", "moe"
+    reads = ("mma",)  # its own expert stack (mma_experts), not the checkpoint layout the Triton MoE reads
     tickets_needed = 1
 
     @classmethod
