@@ -153,12 +153,14 @@ def _tensors(obj, seen: set):
         yield from _tensors(vars(obj), seen)
 
 
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+def _size(nbytes: float) -> str:
+    if nbytes < 1024:
+        return f"{nbytes:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         nbytes /= 1024
-    return f"{nbytes:.1f} GiB"
+        if nbytes < 1024 or unit == "GiB":
+            break
+    return f"{nbytes:.1f} {unit}"
 
 
 def weight_copies() -> int:
@@ -167,9 +169,14 @@ def weight_copies() -> int:
     return 2 if os.environ.get("B12X_WEIGHT_COPIES", "1").strip() == "2" else 1
 
 
+def common_layouts(backends_) -> set[str]:
+    """The weight layouts every backend of the list reads."""
+    return set.intersection(*(set(cls.reads) for cls in backends_))
+
+
 def shared_layout(backends_: list[type[Backend]]) -> str | None:
     """The layout every backend of the list reads (the checkpoint's where that is one of them), or None."""
-    common = set.intersection(*(set(cls.reads) for cls in backends_))
+    common = common_layouts(backends_)
     if not common:
         return None
     return "checkpoint" if "checkpoint" in common else sorted(common)[0]
@@ -386,7 +393,7 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
         basis, never = f"{only.name} alone, as asked for", ()
         decisions = [Decision(1, query.max_tokens, only, "asked for")]
     chosen = list({d.backend for d in decisions})
-    common = set.intersection(*(set(cls.reads) for cls in chosen))
+    common = common_layouts(chosen)
     if common and hasattr(weights, "shared_layout") and weights.shared_layout not in common:
         weights.shared_layout = shared_layout(chosen)  # the one layout every chosen backend reads
     prepared: dict[type[Backend], Backend] = {}

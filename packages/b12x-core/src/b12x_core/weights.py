@@ -121,11 +121,24 @@ def stack(shards, act_mode: str, input_scale: float | None, device) -> StackedWe
         scales = stacked(block, expand_rows=block_rows if fmt == "FP8_BLOCK" else 1)
         scales = scales.float() if fmt == "FP8_BLOCK" else scales
     col_scale = torch.from_numpy(row_factors(shards, act_mode, input_scale)).to(device)
-    grid = signs = None
-    if fmt.startswith("IQ2"):
-        grid = grid_table(fmt, device)
-        signs = torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
+    grid, signs = grid_table(fmt, device), sign_table(fmt, device)
     return StackedWeight(weight, scales, col_scale.to(torch.float32), grid, signs)
+
+
+def activation_factor(act_mode: str, input_scale: float | None):
+    """The per-tensor activation scale a mode leaves out of the activations (the weight's factors carry it), or
+    1.0."""
+    return input_scale if act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+
+
+def mma_activation_factor(act_mode: str, input_scale: float | None) -> float:
+    """activation_factor as the tensor-core GEMM's layouts carry it: a float32 value, 1.0 where absent."""
+    return float(np.float32(activation_factor(act_mode, input_scale) or 1.0))
+
+
+def sign_table(fmt: str, device) -> torch.Tensor | None:
+    """IQ2's ksigns (uint8 [128]), from b12x_formats; None for other formats."""
+    return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if fmt.startswith("IQ2") else None
 
 
 def row_factors(shards, act_mode: str, input_scale: float | None) -> np.ndarray:
@@ -136,7 +149,7 @@ def row_factors(shards, act_mode: str, input_scale: float | None) -> np.ndarray:
     col = np.concatenate(
         [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
     )
-    act_factor = input_scale if act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+    act_factor = activation_factor(act_mode, input_scale)
     return (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).numpy()
 
 
@@ -155,7 +168,7 @@ def element_shards(shards, act_mode: str, input_scale: float | None, device, sta
     """Each shard's tensors as row views of the stacked copy (one copy of the weight on the device); FP8_BLOCK's
     small unexpanded scale grid is uploaded per shard (the stacked copy holds it expanded per row)."""
     block, factor = scale_names(shards[0].format)
-    act_factor = input_scale if act_mode in TENSOR_ACTIVATION_SCALE else 1.0
+    act_factor = activation_factor(act_mode, input_scale)
     out, row = [], 0
     for p in shards:
         t = p.tensors
@@ -190,8 +203,7 @@ class DeviceWeights:
         modes that leave them out of the activations are in each shard's alpha)."""
         from . import mma_path
 
-        act_factor = self.input_scale if self.act_mode in TENSOR_ACTIVATION_SCALE else 1.0
-        return mma_path.prepare(self.shards, self.device, float(np.float32(act_factor or 1.0)))
+        return mma_path.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
 
     @functools.cached_property
     def row_factor(self) -> torch.Tensor:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from b12x_formats import tables
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
 from .. import mma_layout, workspace
-from ..weights import grid_table
+from ..weights import grid_table, sign_table
 from . import operands
 from .base import Backend, cuda_reason
 
@@ -59,11 +58,10 @@ class DecodeGemm(Backend):
         self.from_mma = weights.shared_layout == "mma"
         if self.from_mma:
             self.shards, self.row_factor = weights.mma, weights.row_factor
-            fields = np.asarray(mma_layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)
-            self.fields = torch.from_numpy(fields).to(query.device.device)
             device = query.device.device
-            self.grid = grid_table(query.format, device)
-            self.signs = None if self.grid is None else torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device)
+            fields = np.asarray(mma_layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)
+            self.fields = torch.from_numpy(fields).to(device)
+            self.grid, self.signs = grid_table(query.format, device), sign_table(query.format, device)
         else:
             self.stacked = weights.stacked
 

@@ -23,6 +23,18 @@ MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
 
+def occupancy_slots(query, fmt: str, mt: int) -> int:
+    """CTAs of the tensor-core GEMM (format, token tile of 8·mt) that run at once on the query's device: SMs ×
+    CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess."""
+    blocks = CONSERVATIVE_BLOCKS_PER_SM
+    if query.on_cuda and not query.device.kernels:
+        import b12x_kernels
+        from b12x_formats.kernel_facts import format_id
+
+        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
+    return query.device.sms * blocks
+
+
 class TensorCoreGemm(Backend):
     name, op = "tensor_core", "linear"
     reads = ("mma",)
@@ -50,22 +62,12 @@ class TensorCoreGemm(Backend):
             return
         self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
 
-    def _slots(self, mt: int) -> int:
-        q = self.query
-        blocks = CONSERVATIVE_BLOCKS_PER_SM
-        if q.on_cuda and not q.device.kernels:
-            import b12x_kernels
-            from b12x_formats.kernel_facts import format_id
-
-            blocks = b12x_kernels.mma_blocks_per_sm(format_id(q.format), mt, 1) or blocks
-        return q.device.sms * blocks
-
     def configs(self, lo, hi):
         from .triton_tiles import config_ranges
 
         q = self.query
         chunks = -(-q.k // mma_layout.chunk_k(q.format))
-        slots = {mt: self._slots(mt) for mt in mma_path.TOKEN_TILES}
+        slots = {mt: occupancy_slots(q, q.format, mt) for mt in mma_path.TOKEN_TILES}
 
         def config_of(m: int) -> dict:
             c = mma_path.default_config(m, q.n, chunks, slots[mma_path.token_tile(m)])

@@ -15,18 +15,17 @@ expected busy blocks (even waves over SMs × CTAs per SM), the routing table's m
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import mma_experts, mma_layout, mma_path, workspace
-from ..weights import TENSOR_ACTIVATION_SCALE
+from ..weights import mma_activation_factor
 from . import operands
 from .base import Backend, cuda_reason
+from .tensor_core import occupancy_slots
 from .triton_moe import block_table, decode_kernels
 from .triton_tiles import config_ranges
 
 MODES = ("bf16", "mxfp8", "nvfp4")
-CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
 
 def _rows13(shape) -> int:
@@ -67,23 +66,10 @@ class TensorCoreMoE(Backend):
         if shape.activation == "silu":
             order = mma_experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
         device = query.device.device
-        self.w13 = mma_experts.prepare(w13.shards, device, self._act_factor(query.act_mode, w13.input_scale), order)
-        self.w2 = mma_experts.prepare(w2.shards, device, self._act_factor(shape.act_mode_2, w2.input_scale))
+        self.w13 = mma_experts.prepare(w13.shards, device, mma_activation_factor(query.act_mode, w13.input_scale),
+                                       order)  # fmt: skip
+        self.w2 = mma_experts.prepare(w2.shards, device, mma_activation_factor(shape.act_mode_2, w2.input_scale))
         self.input_scales = (w13.input_scale, w2.input_scale)
-
-    @staticmethod
-    def _act_factor(mode: str, input_scale) -> float:
-        return float(np.float32(input_scale or 1.0)) if mode in TENSOR_ACTIVATION_SCALE else 1.0
-
-    def _slots(self, fmt: str, mt: int) -> int:
-        q = self.query
-        blocks = CONSERVATIVE_BLOCKS_PER_SM
-        if q.on_cuda and not q.device.kernels:
-            import b12x_kernels
-            from b12x_formats.kernel_facts import format_id
-
-            blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
-        return q.device.sms * blocks
 
     def call_config(self, tokens: int) -> dict:
         """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
@@ -99,7 +85,8 @@ class TensorCoreMoE(Backend):
         for fmt, n, k in ((self.query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
                                                                              shape.intermediate)):  # fmt: skip
             tiles = busy_blocks * -(-n // mma_path.ROWS_PER_CTA)
-            splits.append(mma_path.even_split(tiles, -(-k // mma_layout.chunk_k(fmt)), self._slots(fmt, mt)))
+            chunks = -(-k // mma_layout.chunk_k(fmt))
+            splits.append(mma_path.even_split(tiles, chunks, occupancy_slots(self.query, fmt, mt)))
         decode = getattr(self, "decode", None)
         decode = decode_kernels() if decode is None else decode
         route = "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
