@@ -14,7 +14,7 @@ by scatter-add: no host sync) and combine (index_add in float32) inside the grap
 bandwidth floor counts the bytes of the touched experts' weights (FORMATS.md) against the device copy bandwidth
 measured in the same run; at large T, TFLOP/s counts the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16
 on a [4096, H] × [2I, H] GEMM measured in the same run. `--emit-table` merges the named backends' times into the
-plan's crossover table as MoE entries (op "moe", per format × activation mode × shape class of (2I, H)), replacing
+plan's crossover table as MoE entries (op "moe", per format × activation mode × shape class "2IxH"), replacing
 entries of the same key, so the plan picks the faster MoE backend per token count.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from decode_linear import copy_bandwidth, random_weight, time_graph
+from decode_linear import copy_bandwidth, random_weight, reuse_repacks, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--emit-table", default="", help="merge the backends' times into this crossover table")
     args = parser.parse_args()
     torch.manual_seed(0)
+    reuse_repacks()
     bw = copy_bandwidth()
     ts = [int(t) for t in args.ts.split(",")]
     rows = []
@@ -145,7 +146,7 @@ def main() -> None:
     save(args.out, bw, rows)
     plot(rows, args.png)
     if args.emit_table:
-        merge_table(Path(args.emit_table), table(rows))
+        crossover.merge(Path(args.emit_table), table(rows))
         print(f"MoE entries -> {args.emit_table}")
 
 
@@ -165,19 +166,6 @@ def table(rows: list[dict]) -> list[crossover.Entry]:
               for b, times in per_backend.items()}  # fmt: skip
         entries.append(crossover.Entry((props.major, props.minor), fmt, mode, shape, tuple(ts), us, source, op="moe"))
     return entries
-
-
-def merge_table(path: Path, new: list[crossover.Entry]) -> None:
-    """Write `path` (atomically) with `new` replacing the entries of the same key."""
-
-    def key(e: crossover.Entry):
-        return (e.op, e.capability, e.format, e.act_mode, e.shape)
-
-    fresh = {key(e) for e in new}
-    kept = [e for e in crossover.load.__wrapped__(path) if key(e) not in fresh]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(crossover.dumps(kept + new))
-    tmp.replace(path)
 
 
 def save(path: str, bw: float, rows: list) -> None:

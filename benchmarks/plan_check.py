@@ -1,17 +1,22 @@
 """Does the plan pick the fastest b12x path? Every candidate backend alone and the dispatched bc.linear, on
-Llama-3.1-70B's four linear shapes, every format × activation mode, over M; the measured table the plan picks
-from comes out of the same run.
+Llama-3.1-8B's and -70B's four linear shapes, every format × activation mode, over M; the measured table the plan
+picks from comes out of the same run.
 
     python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table crossover.json]
-    python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes o,down --ms 1,16,256 --replays 20
+    python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes 8b,70b.down --ms 1,16,256 --replays 20
+    python benchmarks/plan_check.py --table-only --emit-table crossover.json   # backends alone: the table
+    python benchmarks/plan_check.py --family-only      # the check: dispatched beside the plan's weight copy only
     python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
 
 For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
-that backend alone), the dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run. Timing as
+that backend alone; one that was over PRUNE× the fastest at the previous M is not timed at larger M), the
+dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; per model, the decoder layer's
+four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
-check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` writes the
-per-backend times as b12x_core's crossover table (shapes of one size class averaged): commit it as
-packages/b12x-core/src/b12x_core/crossover.json, then run again to check the plan it gives.
+check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` merges the
+per-backend times into b12x_core's crossover table, one entry per shape (a shape class: crossover.py), replacing
+entries of the same key: commit it as packages/b12x-core/src/b12x_core/crossover.json, then run again
+(`--family-only`) to check the plan it gives.
 """
 
 from __future__ import annotations
@@ -21,20 +26,26 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import decode_linear
 import numpy as np
 import torch
 import torch.nn.functional as F
-from decode_linear import time_graph
+from decode_linear import reuse_repacks, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import backends, crossover, plan
 from b12x_core.weights import DeviceWeights, as_shards
 
-SHAPES = {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
+MODELS = {  # a decoder layer's four linears (qkv and gate_up fused, as vLLM runs them)
+    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    "70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)},
+}
+SHAPES = {f"{model}.{name}": shape for model, shapes in MODELS.items() for name, shape in shapes.items()}
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+PRUNE = 3.0  # a backend this many times slower than the fastest at one M is not timed at larger M
 # (format, activation, with input_scale): every format with bf16, every quantized activation mode
 PAIRS = [(f, "bf16", False) for f in bf.FORMATS if f != "W4A16_NVFP4"] + [
     ("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
@@ -79,7 +90,7 @@ def copies_for(nbytes: int, device: torch.device) -> int:
     return max(2, -(-4 * L2_BYTES // nbytes)) if device.type == "cuda" else 1
 
 
-def measure_pair(timer, device, name, n, k, pair, ms, rows) -> None:
+def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
     fmt, activation, scale = pair
     qw = random_weight(fmt, n, k, scale)
     copies = copies_for(qw.nbytes, device)
@@ -89,32 +100,50 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows) -> None:
     able = [cls for cls in backends.for_op("linear") if cls.can_implement(query)[0]]
     layout = dispatched[0].plan.rows[0].backend.weights.shared_layout  # the plan's one copy of the weight
     one_copy = [cls.name for cls in able if layout in cls.reads]
+    if args.family_only:
+        able = [cls for cls in able if cls.name in one_copy]
+    if args.table_only:
+        dispatched = dispatched[:1]  # kept for its query and explain; not timed
     single = {}
     for cls in able:  # each backend alone, in its own weight copies
         scale = dispatched[0].input_scale
         weights = [DeviceWeights(as_shards(qw), query.act_mode, scale, device) for _ in range(copies)]
         single[cls.name] = [plan.build(query, w, only=cls) for w in weights]
+    pruned: set[str] = set()
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         row = dict(shape=name, n=n, k=k, format=fmt, activation=activation, static=scale, mode=query.act_mode, m=m)
         row["backends"] = {b: timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
-                           for b, plans in single.items()}  # fmt: skip
-        row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
+                           for b, plans in single.items() if b not in pruned}  # fmt: skip
+        fastest = min(row["backends"].values())
+        pruned |= {b for b, t in row["backends"].items() if t > PRUNE * fastest}
+        if not args.table_only:
+            row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
         row["dispatched_backend"] = dispatched[0].plan.for_tokens(m).backend.name
         row["one_copy"] = [b for b in one_copy if b in row["backends"]]  # what the plan could pick from
         rows.append(row)
         alone = " ".join(f"{b}={t:.1f}" for b, t in row["backends"].items())
-        print(f"  {label(*pair):<22} M={m:<5} dispatched {row['dispatched']:>9.1f} µs ({row['dispatched_backend']}) "
-              f"fastest {min(row['backends'].values()):>9.1f} {alone}", flush=True)  # fmt: skip
+        took = f"dispatched {row['dispatched']:>9.1f} µs" if "dispatched" in row else "plan"
+        print(f"  {label(*pair):<22} M={m:<5} {took} ({row['dispatched_backend']}) fastest {fastest:>9.1f} {alone}",
+              flush=True)  # fmt: skip
+
+
+def shapes_of(spec: str) -> dict[str, tuple[int, int]]:
+    """--shapes: model names (every linear of its layer) and/or model.linear names."""
+    out = {}
+    for part in spec.split(","):
+        out |= {f"{part}.{n}": s for n, s in MODELS[part].items()} if part in MODELS else {part: SHAPES[part]}
+    return out
 
 
 def measure(args, device: torch.device) -> list[dict]:
     timer = Timer(device, args.replays)
     rows: list[dict] = []
-    shapes = {"tiny": (256, 512)} if args.cpu_smoke else {s: SHAPES[s] for s in args.shapes.split(",")}
+    shapes = {"tiny": (256, 512)} if args.cpu_smoke else shapes_of(args.shapes)
     formats = set(args.formats.split(",")) if args.formats else None
     pairs = [p for p in PAIRS if formats is None or p[0] in formats]
     ms = [int(m) for m in args.ms.split(",")]
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     for name, (n, k) in shapes.items():
         print(f"\n## {name} {n}×{k} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
         bf16_w = [torch.randn(n, k, dtype=torch.bfloat16, device=device) for _ in range(copies_for(2 * n * k, device))]
@@ -125,7 +154,10 @@ def measure(args, device: torch.device) -> list[dict]:
             print(f"  bf16 F.linear          M={m:<5} {t:>9.1f} µs", flush=True)
         bf16_w.clear()
         for pair in pairs:
-            measure_pair(timer, device, name, n, k, pair, ms, rows)  # its weight copies are freed on return
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"  time budget of {args.budget_s} s spent: stopping before {name} {label(*pair)}")
+                return rows
+            measure_pair(timer, device, name, n, k, pair, ms, rows, args)  # its weight copies are freed on return
             if args.out:  # after every pair: a run cut short still leaves its measurements
                 with open(args.out, "w") as f:
                     json.dump({"rows": rows, "partial": True}, f)
@@ -134,10 +166,30 @@ def measure(args, device: torch.device) -> list[dict]:
     return rows
 
 
+def layers(rows: list[dict]) -> list[dict]:
+    """Per model, format × mode and M: the decoder layer's four linears summed (dispatched and bf16), where every
+    linear of the layer was measured."""
+    out = []
+    for model, shapes in MODELS.items():
+        names = {f"{model}.{n}" for n in shapes}
+        here = [r for r in rows if r["shape"] in names and "dispatched" in r]
+        for m in sorted({r["m"] for r in here}):
+            base = [r["dispatched"] for r in here if r["m"] == m and r["format"] == "bf16 F.linear"]
+            if len(base) != len(names):
+                continue
+            for key in dict.fromkeys((r["format"], r["activation"], r["static"]) for r in here if "backends" in r):
+                times = [r["dispatched"] for r in here if r["m"] == m and "backends" in r
+                         and (r["format"], r["activation"], r["static"]) == key]  # fmt: skip
+                if len(times) == len(names):
+                    out.append(dict(model=model, label=label(*key), m=m, us=sum(times), bf16_us=sum(base),
+                                    speedup=sum(base) / sum(times)))  # fmt: skip
+    return out
+
+
 def check(rows: list[dict]) -> bool:
     """Dispatched within TOLERANCE of the fastest backend that reads the plan's one copy of the weight (the plan
     gives up the others for memory, and its basis says by how much; B12X_WEIGHT_COPIES=2 checks all)."""
-    points = [r for r in rows if "backends" in r and r["backends"]]
+    points = [r for r in rows if "backends" in r and r["backends"] and "dispatched" in r]
 
     def candidates(r):
         return {b: t for b, t in r["backends"].items() if b in r.get("one_copy", r["backends"])} or r["backends"]
@@ -153,7 +205,7 @@ def check(rows: list[dict]) -> bool:
 
 
 def table(rows: list[dict], capability, device_name: str) -> list[crossover.Entry]:
-    """Per (format, mode, shape class): each backend's µs at each M (the mean over shapes of the class)."""
+    """Per (format, mode, shape): each backend's µs at each M (the mean where a shape was measured twice)."""
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if "backends" not in r:
@@ -167,9 +219,7 @@ def table(rows: list[dict], capability, device_name: str) -> list[crossover.Entr
         ms = sorted({m for times in per_backend.values() for m in times})
         us = {b: [round(statistics.mean(times[m]), 2) if m in times else None for m in ms]
               for b, times in per_backend.items()}  # fmt: skip
-        shapes = sorted({f"{r['n']}×{r['k']}" for r in rows if "backends" in r and r["format"] == fmt
-                         and crossover.shape_class(r["n"], r["k"]) == shape})  # fmt: skip
-        source = f"{device_name} {day}, {', '.join(shapes)}, benchmarks/plan_check.py"
+        source = f"{device_name} {day}, {shape.replace('x', '×')}, benchmarks/plan_check.py"
         entries.append(crossover.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source))
     return entries
 
@@ -190,8 +240,8 @@ def plot(rows: list[dict], path: str) -> None:
         pairs = dict.fromkeys((r["format"], r["activation"], r["static"]) for r in rows if r["shape"] == shape
                               and "backends" in r)  # fmt: skip
         for pair in pairs:
-            pts = [(r["m"], base[r["m"]] / r["dispatched"]) for r in rows if r["shape"] == shape and "backends" in r
-                   and (r["format"], r["activation"], r["static"]) == pair]  # fmt: skip
+            pts = [(r["m"], base[r["m"]] / r["dispatched"]) for r in rows if r["shape"] == shape and "dispatched" in r
+                   and "backends" in r and (r["format"], r["activation"], r["static"]) == pair]  # fmt: skip
             ax.plot(*zip(*pts, strict=True), marker=".", label=label(*pair))
         ax.axhline(1.0, color="k", lw=1, ls="--")
         ax.set_xscale("log", base=2)
@@ -207,28 +257,34 @@ def main() -> int:
     parser.add_argument("--out", default="plan_check.json")
     parser.add_argument("--png", default="plan_check.png")
     parser.add_argument("--emit-table", default="", help="write the measured crossover table here")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
+    parser.add_argument("--shapes", default="8b,70b", help=f"models ({','.join(MODELS)}) and/or {','.join(SHAPES)}")
     parser.add_argument("--formats", default="", help="subset of the formats (default: all)")
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--table-only", action="store_true", help="time the backends alone, not the dispatched op")
+    parser.add_argument("--family-only", action="store_true", help="time only the backends on the plan's weight copy")
+    parser.add_argument("--budget-s", type=float, default=0, help="start no new format after this many seconds")
     parser.add_argument("--cpu-smoke", action="store_true", help="the logic on CPU: a tiny shape, the reference")
     args = parser.parse_args()
     if args.cpu_smoke:
         args.ms, args.replays = "1,2,4", 2
     device = torch.device("cpu") if args.cpu_smoke else torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
+    reuse_repacks()
     rows = measure(args, device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else (0, 0)
+    per_layer = layers(rows)
     with open(args.out, "w") as f:
-        json.dump({"device": name, "capability": list(capability), "rows": rows}, f, indent=1)
-    if args.png:
+        json.dump({"device": name, "capability": list(capability), "rows": rows, "layers": per_layer}, f, indent=1)
+    for r in per_layer:
+        print(f"  layer {r['model']:<4} {r['label']:<22} M={r['m']:<5} {r['us']:>9.1f} µs  {r['speedup']:.2f}× bf16")
+    if args.png and not args.table_only:
         plot(rows, args.png)
     ok = check(rows)
     if args.emit_table:
-        with open(args.emit_table, "w") as f:
-            f.write(crossover.dumps(table(rows, capability, name)))
-        print(f"measured table -> {args.emit_table}")
+        crossover.merge(Path(args.emit_table), table(rows, capability, name))
+        print(f"measured table merged into {args.emit_table}")
     return 0 if ok else 1
 
 

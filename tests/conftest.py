@@ -32,3 +32,12 @@ def rng(request) -> np.random.Generator:
     seed = int(os.environ.get("B12X_SEED", np.random.SeedSequence().entropy % 2**32))
     print(f"{request.node.name}: B12X_SEED={seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_runtest_logreport(report):
+    """B12X_TEST_TIMES=FILE appends each test's outcome and seconds as it finishes (from every xdist worker): a
+    device run cut short by its time limit still says what ran and what took the time."""
+    path = os.environ.get("B12X_TEST_TIMES")
+    if path and (report.when == "call" or report.outcome != "passed"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")

@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
 # GPU tests on a CUDA machine, in the machine's own Python (the lent device has no network, so no venvs):
-# build the extension there, check its fat binary, run every @pytest.mark.gpu test. `nox -s gpu` calls this.
+# build the extension there, check its fat binary, run the @pytest.mark.gpu tests. `nox -s gpu` calls this.
+#   bash tools/gpu_tests.sh --fast [pytest args]   the fast tier: sm_90 build, every backend × format it serves
+#                                                  once (tests marked fast), ≈3 minutes on an H200
+#   bash tools/gpu_tests.sh [pytest args]          the full matrix, sharded over pytest-xdist workers
+# B12X_CUDA_ARCHS (default: 90 for --fast, every architecture otherwise), B12X_GPU_WORKERS (default 12),
+# B12X_TEST_TIMES=FILE (each test's seconds as it finishes) pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+marker="gpu"
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  marker="gpu and fast"
+  export B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
+fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"
+start=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
+echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
 so=$(cd /tmp && python3 -c "import b12x_kernels._C as c; print(c.__file__)")
 cuobjdump --list-elf "$so"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels tests/core "$@"
+workers=()
+if python3 -c "import xdist" 2>/dev/null; then
+  workers=(-n "${B12X_GPU_WORKERS:-12}")  # tests, not files, go to workers: four files hold 90% of them
+fi
+python3 -m pytest -m "$marker" -q -p no:cacheprovider "${workers[@]}" tests/kernels tests/core "$@"
+echo "gpu tests ($marker): $(( $(date +%s) - start )) s"

@@ -94,7 +94,7 @@ def test_measured_ranges_go_to_the_fastest_capable_backend(rng, monkeypatch):
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
     names = [cls.name for cls in backends.for_op("linear")] + ["not_a_backend"]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
-    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "N:M/K:M", ms, us, "random")
+    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "random")
     q = query("MXFP4", "bf16", H200, max_tokens=2048)
     basis, _, decisions = plan.choose(q, entries=(entry,))
     assert basis.startswith("measured")
@@ -108,7 +108,7 @@ def random_table(rng, fmt="MXFP4"):
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
     names = [cls.name for cls in backends.for_op("linear")]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
-    return crossover.Entry((9, 0), fmt, "bf16", "N:M/K:M", ms, us, "random")
+    return crossover.Entry((9, 0), fmt, "bf16", "8192x8192", ms, us, "random")
 
 
 @pytest.mark.parametrize("fmt", ["MXFP4", "FP8", "IQ2_XS"])
@@ -215,3 +215,46 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
         assert 1 <= config["splits"] <= max(1, chunks // 4)
         if config["splits"] > 1:
             assert backend.tickets_needed >= -(-hi // config["tokens"]) * -(-n // 128)
+
+
+def moe_query(fmt, device, max_tokens=4096, experts=128, hidden=2048, inter=768):
+    from b12x_core.backends import MoEShape
+
+    shape = MoEShape(experts, hidden, inter, 8, "silu", "gate_up", "bf16", fmt)
+    return Query("moe", fmt, "bf16", "bf16", device, "auto", 2 * inter, hidden, max_tokens, moe=shape)
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4", "IQ2_XS", "Q8_0"])
+def test_a_moe_plan_keeps_one_copy_of_the_experts(rng, fmt):
+    """The MoE backends hold different expert layouts (the Triton MoE the checkpoint's, the tensor-core MoE its
+    own stack): where each wins some T, the plan keeps one layout, as a linear plan does, and says so."""
+    ts = (1, 16, 64, 256, 1024, 4096)
+    flip = int(rng.integers(1, len(ts)))  # the tensor-core MoE fastest below ts[flip], the Triton MoE from there
+    us = {"tensor_core_moe": tuple(10.0 if i < flip else 30.0 for i in range(len(ts))),
+          "triton_moe": tuple(20.0 if i < flip else 15.0 for i in range(len(ts)))}  # fmt: skip
+    entry = crossover.Entry((9, 0), fmt, "bf16", "1536x2048", ts, us, "random", op="moe")
+    q = moe_query(fmt, H200)
+    basis, _, decisions = plan.choose(q, entries=(entry,))
+    assert basis.startswith("measured") and "one weight copy" in basis
+    assert len({d.backend for d in decisions}) == 1
+    assert plan.shared_layout([d.backend for d in decisions]) is not None
+    # the family that loses least: tensor_core_moe loses 30/15 = 2 from ts[flip] on, triton_moe 20/10 = 2 below
+    assert {d.backend.name for d in decisions} <= {"tensor_core_moe", "triton_moe"}
+    dominated = plan.choose(q, entries=(dataclasses.replace(entry, us={**us, "triton_moe": (99.0,) * 6}),))
+    assert {d.backend.name for d in dominated[2]} == {"tensor_core_moe"}  # never faster: never kept
+
+
+def test_a_layer_takes_the_nearest_measured_shape_class():
+    """Speed ratios follow a layer's size: a 5120×5120 layer takes the 4096×4096 class, not 8192×8192's, and the
+    basis names the class used; a measured shape takes its own class without a stand-in note."""
+    ms = (1, 64)
+    small = crossover.Entry((9, 0), "MXFP4", "bf16", "4096x4096", ms,
+                            {"tensor_core": (1.0, 1.0), "cuda_gemv": (2.0, 2.0)}, "s")  # fmt: skip
+    large = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms,
+                            {"tensor_core": (2.0, 2.0), "cuda_gemv": (1.0, 1.0)}, "l")  # fmt: skip
+    for (n, k), winner, shape in [((5120, 5120), "tensor_core", "4096x4096"), ((14336, 8192), "cuda_gemv", "8192x8192"),
+                                  ((8192, 8192), "cuda_gemv", "8192x8192")]:  # fmt: skip
+        q = query("MXFP4", "bf16", H200, max_tokens=64, n=n, k=k)
+        basis, _, decisions = plan.choose(q, entries=(small, large))
+        assert f"shape class {shape}" in basis and decisions[0].backend.name == winner
+        assert ("stands in for this layer's" in basis) == ((n, k) != (8192, 8192))

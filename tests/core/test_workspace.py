@@ -37,3 +37,27 @@ def test_weight_workspace_views_and_limit():
     assert w.shape == (6, 7) and w.dtype == torch.bfloat16
     with pytest.raises(bc.UnsupportedError, match="smaller than"):
         workspace.weights(device, 1 << 20, 1 << 20)
+
+
+def test_a_call_that_needs_no_temporaries_needs_no_pool():
+    """A small layer of bf16 activations whose tensor-core configuration splits no K carves nothing; it must run
+    on a device where nothing reserved scratch or tickets (prepare_linear's warm-up crashed there once). The meta
+    device: only these tests touch its pools, and zero-sized carves must not look at them at all."""
+    device = torch.device("meta")
+    views = workspace.carve(device, [((0, 5), torch.bfloat16), ((0,), torch.float32)])
+    assert [tuple(v.shape) for v in views] == [(0, 5), (0,)]
+    assert workspace.carve(device, []) == []
+    assert workspace.tickets(device, 0).numel() == 0
+    with pytest.raises(bc.UnsupportedError, match="this call needs 1099511627776"):
+        workspace.carve(device, [((1 << 40,), torch.uint8)])  # a call that needs more than any pool still says so
+
+
+def test_pools_are_sized_once_per_device_and_grow():
+    device = torch.device("meta")
+    workspace.reserve_scratch(device, 1000)
+    workspace.reserve_scratch(device, 10)  # a smaller op later keeps the larger size
+    assert workspace.carve(device, [((1000,), torch.uint8)])[0].numel() == 1000
+    workspace.reserve_scratch(device, 4000)
+    assert workspace.carve(device, [((1000,), torch.float32)])[0].numel() == 1000
+    workspace.reserve_tickets(device, 3)
+    assert workspace.tickets(device, 3).shape == (3,)

@@ -1,33 +1,41 @@
 """The measured times the plan picks from: per (compute capability, format, activation mode, shape class), each
 backend's µs per call at a set of token counts (committed in crossover.json, written by
-`benchmarks/plan_check.py --emit-table`). A GPU or key without measurements gets the conservative default plan
-(plan.py), which explain marks as such.
+`benchmarks/plan_check.py --emit-table` for linears and `benchmarks/moe.py --emit-table` for MoE layers). A GPU or
+key without measurements gets the conservative default plan (plan.py), which explain marks as such.
 
-Shape classes bucket N and K (a layer's speed ratios between backends follow its size class more than its exact
-size); a key measured on another class of the same GPU, format and mode stands in for an unmeasured class, and
-explain says so.
+A shape class is one measured layer shape, "NxK" (a MoE's: "2IxH" of its gate/up GEMM). Any other layer takes
+the class nearest to it in log size, |log2 N/N'| + |log2 K/K'| (speed ratios between backends follow a layer's
+size and proportions; the crossovers of a 4096-wide 8B layer are not those of 8192×8192), and explain names the
+class used.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from b12x_formats.kernel_facts import SAME_LAYOUT
 
 TABLE = Path(__file__).with_name("crossover.json")
-SIZE_CLASSES = ((4096, "S"), (16384, "M"))  # below 4096: S, below 16384: M, else L
-
-
-def size_class(v: int) -> str:
-    return next((name for bound, name in SIZE_CLASSES if v < bound), "L")
 
 
 def shape_class(n: int, k: int) -> str:
-    """e.g. "N:M/K:L" for 8192 × 28672 (S < 4096 <= M < 16384 <= L)."""
-    return f"N:{size_class(n)}/K:{size_class(k)}"
+    """The class a layer of N × K measures: "NxK"."""
+    return f"{n}x{k}"
+
+
+def class_size(shape: str) -> tuple[int, int]:
+    n, k = shape.split("x")
+    return int(n), int(k)
+
+
+def class_distance(shape: str, n: int, k: int) -> float:
+    """How far a measured class is from an N × K layer: |log2 N/N'| + |log2 K/K'|."""
+    cn, ck = class_size(shape)
+    return abs(math.log2(cn / n)) + abs(math.log2(ck / k))
 
 
 @dataclass(frozen=True)
@@ -88,18 +96,12 @@ def load(path: Path = TABLE) -> tuple[Entry, ...]:
 # Modes whose backends and kernels are those of bf16 activations plus one quantization pass: where a GPU has no
 # measurements of their own, its bf16 measurements of the format stand in.
 BF16_STAND_IN = ("mxfp8", "nvfp4")
-_ORDER = "SML"
-
-
-def _class_distance(a: str, b: str) -> int:
-    sizes = [[_ORDER.index(part.split(":")[1]) for part in s.split("/")] for s in (a, b)]
-    return sum(abs(x - y) for x, y in zip(*sizes, strict=True))
 
 
 def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op: str = "linear"):
     """-> (the entry for this key, '' or what stands in for what) or None when the op × GPU × format × mode is
-    unmeasured. Stand-ins: another shape class of the same GPU, format and mode (the nearest by size); for
-    mxfp8 / nvfp4 activations, the format's bf16 measurements."""
+    unmeasured. Stand-ins: the nearest measured shape class of the same GPU, format and mode; for mxfp8 / nvfp4
+    activations, the format's bf16 measurements."""
     if capability is None:
         return None
     entries = load() if entries is None else entries
@@ -114,10 +116,12 @@ def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op
         return None
     if mode != act_mode:
         notes.append(f"bf16 measurements stand in for {act_mode} (same kernels plus a quantization pass)")
-    want = shape_class(n, k)
-    best = min(same, key=lambda e: _class_distance(e.shape, want))
-    if best.shape != want:
-        notes.append(f"shape class {best.shape} stands in for this layer's {want}")
+    if n <= 0 or k <= 0:  # a query of any shape (capabilities): the largest class
+        best = max(same, key=lambda e: math.prod(class_size(e.shape)))
+    else:
+        best = min(same, key=lambda e: (class_distance(e.shape, n, k), e.shape))
+    if best.shape != shape_class(n, k):
+        notes.append(f"the nearest measured shape class stands in for this layer's {n}x{k}")
     return best, "; ".join(notes)
 
 
@@ -126,3 +130,17 @@ def dumps(entries: list[Entry]) -> str:
     rows = [dict(capability=list(e.capability), format=e.format, act_mode=e.act_mode, shape=e.shape, ms=list(e.ms),
                  us={k: list(v) for k, v in e.us.items()}, source=e.source, op=e.op) for e in entries]  # fmt: skip
     return json.dumps({"version": 1, "entries": rows}, indent=1) + "\n"
+
+
+def merge(path: Path, new: list[Entry]) -> None:
+    """Write the table at `path` (atomically) with `new` replacing the entries of the same key (the benchmarks'
+    --emit-table: a run of some shapes or formats keeps the rest of the table)."""
+
+    def key(e: Entry):
+        return (e.op, e.capability, e.format, e.act_mode, e.shape)
+
+    fresh = {key(e) for e in new}
+    kept = [e for e in load.__wrapped__(path) if key(e) not in fresh]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(dumps(kept + new))
+    tmp.replace(path)
