@@ -23,8 +23,9 @@ import b12x_formats as bf
 L2_BYTES = 60 * 1024**2
 
 
-def time_graph(fn, copies: int, replays: int = 100) -> float:
-    """Median µs per call of fn(i) over i in range(copies), from CUDA graph replays."""
+def time_graph(fn, copies: int, replays: int = 100, budget_ms: float | None = None) -> float:
+    """Median µs per call of fn(i) over i in range(copies), from CUDA graph replays; with `budget_ms`, fewer
+    replays (at least 5) where `replays` of them would take longer than that (large M: seconds per point)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -36,6 +37,13 @@ def time_graph(fn, copies: int, replays: int = 100) -> float:
                 fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     times = []
+    if budget_ms is not None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        replays = max(5, min(replays, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
     for _ in range(replays + 5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

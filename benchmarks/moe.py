@@ -38,6 +38,8 @@ from b12x_core.moe import MOE_FORMATS
 from b12x_core.weights import DeviceWeights, as_shards
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
+TOLERANCE = 1.15  # the plan check: dispatched within this of the fastest backend on the plan's weight copy
+BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
 
 
 def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
@@ -87,7 +89,14 @@ def main() -> None:
     parser.add_argument("--out", default="moe.json")
     parser.add_argument("--png", default="moe.png")
     parser.add_argument("--emit-table", default="", help="merge the backends' times into this crossover table")
+    parser.add_argument("--budget-s", type=float, default=0, help="start no new format after this many seconds")
+    parser.add_argument("--from-json", default="", help="no measuring: --emit-table from a saved --out file")
     args = parser.parse_args()
+    if args.from_json:
+        crossover.merge(Path(args.emit_table), table(json.loads(Path(args.from_json).read_text())))
+        print(f"MoE entries -> {args.emit_table}")
+        return
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     torch.manual_seed(0)
     reuse_repacks()
     bw = copy_bandwidth()
@@ -95,6 +104,9 @@ def main() -> None:
     rows = []
     print(f"# {torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s")
     for shape in args.shapes.split(","):
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"  time budget of {args.budget_s} s spent: stopping before {shape}")
+            break
         e, k, h, inter = SHAPES[shape]
         w13_bf16 = torch.randn(e, 2 * inter, h, dtype=torch.bfloat16, device="cuda") / h**0.5
         w2_bf16 = torch.randn(e, h, inter, dtype=torch.bfloat16, device="cuda") / inter**0.5
@@ -113,64 +125,115 @@ def main() -> None:
             print(f"  bf16 grouped  T={t:<5} {ref_us:>9.1f} µs", flush=True)
         cases = [case.split(":") for case in args.cases.split(",")]
         for fmt in dict.fromkeys(f for f, _ in cases):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"  time budget of {args.budget_s} s spent: stopping before {shape} {fmt}")
+                break
             w13 = random_weight(fmt, 2 * inter, h, (e,))
             w2 = random_weight(fmt, h, inter, (e,))
             for act in (a for f, a in cases if f == fmt):
                 if act == "nvfp4":  # the checkpoint's per-expert activation scale
                     scale = {"input_scale": np.full(e, 0.01, np.float32)}
                     w13, w2 = (bf.QuantizedWeight.from_tensors(fmt, {**w.tensors, **scale}) for w in (w13, w2))
-                for name in args.backends.split(","):
+                names = [b for b in args.backends.split(",") if b != "auto"]
+                names += ["auto"] if "auto" in args.backends.split(",") else []  # last: after the table has these
+                kw = dict(max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
+                try:
+                    probe = bc.prepare_moe(w13, w2, **kw)  # its query and modes; the backends alone run over them
+                except bc.UnsupportedError as err:
+                    print(f"  {fmt} × {act}: {err}")
+                    continue
+                for name in names:
+                    if name == "auto" and args.emit_table:  # bc.moe's plan then reads this case's new entry
+                        case_rows = [r for r in rows if (r["shape"], r["format"], r["act"]) == (shape, fmt, act)]
+                        crossover.merge(Path(args.emit_table), table({**facts(bw), "rows": case_rows}))
+                        crossover.load.cache_clear()
                     try:
-                        preps = [bc.prepare_moe(w13, w2, max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
-                                 for _ in range(2)]  # fmt: skip
-                        calls = [backend_moe(p, w13, w2, name) for p in preps]
+                        if name == "auto":
+                            preps = [bc.prepare_moe(w13, w2, **kw) for _ in range(2)]
+                            calls = [backend_moe(p, w13, w2, name) for p in preps]
+                        else:  # two copies of the backend alone
+                            calls = [backend_moe(probe, w13, w2, name) for _ in range(2)]
                     except bc.UnsupportedError as err:
                         print(f"  {fmt} × {act} {name}: {err}")
                         continue
+                    mode = probe.act_mode_13
                     for t in ts:
                         x, weights, ids, ref_us = routes[t]
-                        us = time_graph(lambda i: calls[i](x, weights, ids), 2)
+                        us = time_graph(lambda i: calls[i](x, weights, ids), 2, budget_ms=BUDGET_MS)
                         touched = int(torch.unique(ids).numel())
                         nbytes = expert_bytes(w13, w2, e, touched)
                         flops = 2 * t * k * (2 * inter * h + h * inter)
-                        row = dict(shape=shape, format=fmt, act=act, mode=preps[0].act_mode_13, n=2 * inter, k=h,
+                        row = dict(shape=shape, format=fmt, act=act, mode=mode, n=2 * inter, k=h,
                                    backend=name, t=t, us=us, bf16_ref_us=ref_us,
                                    speedup=ref_us / us, touched=touched, gbs=nbytes / us / 1e3,
                                    pct_copy=100 * nbytes / us / 1e3 / bw, tflops=flops / us / 1e6,
                                    pct_cublas=100 * flops / us / 1e6 / dense_tflops)  # fmt: skip
+                        if name == "auto":  # what the plan ran, and what it could pick from on its weight copy
+                            row["dispatched_backend"] = preps[0].plan.for_tokens(t).backend.name
+                            layouts = plan.common_layouts([d.backend for d in preps[0].plan.decisions])
+                            row["one_copy"] = [c.name for c in backends.for_op("moe") if layouts & set(c.reads)]
                         rows.append(row)
                         print(f"  {fmt:<12} × {act:<6} {name:<16} T={t:<5} {us:>9.1f} µs  "
                               f"{ref_us / us:>5.2f}× bf16  {row['pct_copy']:>5.1f}% copy  "
                               f"{row['pct_cublas']:>5.1f}% cuBLAS", flush=True)  # fmt: skip
                     save(args.out, bw, rows)  # after each backend: a run cut short keeps what it measured
-    save(args.out, bw, rows)
-    plot(rows, args.png)
+    saved = save(args.out, bw, rows)
+    check(rows)
+    if args.png:
+        plot(rows, args.png)
     if args.emit_table:
-        crossover.merge(Path(args.emit_table), table(rows))
+        crossover.merge(Path(args.emit_table), table(saved))
         print(f"MoE entries -> {args.emit_table}")
 
 
-def table(rows: list[dict]) -> list[crossover.Entry]:
-    """Per (format, mode, shape class): each named backend's µs at each T (mean over shapes of the class)."""
+def check(rows: list[dict]) -> bool:
+    """The plan check: bc.moe (auto) within TOLERANCE of the fastest backend alone on the plan's weight copy, at
+    every T of every shape × format × mode measured with both."""
+    alone = {(r["shape"], r["format"], r["act"], r["t"], r["backend"]): r["us"] for r in rows if r["backend"] != "auto"}
+    points = []
+    for r in (r for r in rows if r["backend"] == "auto"):
+        key = (r["shape"], r["format"], r["act"], r["t"])
+        mine = {b: alone[(*key, b)] for b in r.get("one_copy", ()) if (*key, b) in alone}
+        if mine:
+            points.append((r, min(mine, key=mine.get), min(mine.values())))
+    bad = [(r, best, t) for r, best, t in points if r["us"] > TOLERANCE * t]
+    print(f"\n## check: bc.moe ≤ {TOLERANCE}× the fastest backend on its weight copy at {len(points) - len(bad)}/"
+          f"{len(points)} points")  # fmt: skip
+    for r, best, t in bad:
+        print(f"  MISS {r['shape']} {r['format']} × {r['act']} T={r['t']}: bc.moe {r['us']:.1f} µs "
+              f"({r['dispatched_backend']}), {best} {t:.1f} µs")  # fmt: skip
+    return not bad
+
+
+def table(saved: dict) -> list[crossover.Entry]:
+    """Per (format, mode, shape class): each named backend's µs at each T (the mean where measured twice), from
+    what save() wrote."""
+    rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r["backend"] != "auto":
             key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
             groups[key][r["backend"]][r["t"]].append(r["us"])
-    props = torch.cuda.get_device_properties(0)
-    source = f"{torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}, benchmarks/moe.py"
+    source = f"{saved['device']} {saved['date']}, benchmarks/moe.py"
     entries = []
     for (fmt, mode, shape), per_backend in sorted(groups.items()):
         ts = sorted({t for times in per_backend.values() for t in times})
         us = {b: [round(float(np.mean(times[t])), 2) if t in times else None for t in ts]
               for b, times in per_backend.items()}  # fmt: skip
-        entries.append(crossover.Entry((props.major, props.minor), fmt, mode, shape, tuple(ts), us, source, op="moe"))
+        entries.append(crossover.Entry(tuple(saved["capability"]), fmt, mode, shape, tuple(ts), us, source, op="moe"))
     return entries
 
 
-def save(path: str, bw: float, rows: list) -> None:
+def facts(bw: float) -> dict:
+    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+            "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}  # fmt: skip
+
+
+def save(path: str, bw: float, rows: list) -> dict:
+    saved = {**facts(bw), "rows": rows}
     with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_gbs": bw, "rows": rows}, f, indent=1)
+        json.dump(saved, f, indent=1)
+    return saved
 
 
 def plot(rows: list, path: str) -> None:

@@ -4,8 +4,9 @@ picks from comes out of the same run.
 
     python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table crossover.json]
     python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes 8b,70b.down --ms 1,16,256 --replays 20
-    python benchmarks/plan_check.py --table-only --emit-table crossover.json   # backends alone: the table
-    python benchmarks/plan_check.py --family-only      # the check: dispatched beside the plan's weight copy only
+    python benchmarks/plan_check.py --emit-table packages/b12x-core/src/b12x_core/crossover.json  # table + check
+    python benchmarks/plan_check.py --table-only --emit-table crossover.json   # backends alone: the table only
+    python benchmarks/plan_check.py --from-json plan_check.json --emit-table crossover.json  # a saved run's table
     python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
 
 For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
@@ -14,9 +15,9 @@ dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; p
 four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
 check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` merges the
-per-backend times into b12x_core's crossover table, one entry per shape (a shape class: crossover.py), replacing
-entries of the same key: commit it as packages/b12x-core/src/b12x_core/crossover.json, then run again
-(`--family-only`) to check the plan it gives.
+per-backend times into a crossover table, one entry per shape (a shape class: crossover.py), replacing entries of
+the same key, as each format × mode is measured: given b12x_core's own table, the dispatched op of that pair is
+prepared afterwards, so the run checks the plan its own measurements give. Commit that file.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ MODELS = {  # a decoder layer's four linears (qkv and gate_up fused, as vLLM run
 SHAPES = {f"{model}.{name}": shape for model, shapes in MODELS.items() for name, shape in shapes.items()}
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
 PRUNE = 3.0  # a backend this many times slower than the fastest at one M is not timed at larger M
+BUDGET_MS = 80  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
 # (format, activation, with input_scale): every format with bf16, every quantized activation mode
 PAIRS = [(f, "bf16", False) for f in bf.FORMATS if f != "W4A16_NVFP4"] + [
     ("FP8", "fp8", True), ("FP8", "fp8", False), ("FP8_BLOCK", "fp8", False), ("MXFP8", "mxfp8", False),
@@ -75,7 +77,7 @@ class Timer:
                     fn(i)
                 times.append((time.perf_counter() - start) * 1e6 / copies)
             return statistics.median(times)
-        return time_graph(fn, copies, replays=self.replays)
+        return time_graph(fn, copies, replays=self.replays, budget_ms=BUDGET_MS)
 
 
 def random_weight(fmt: str, n: int, k: int, input_scale: bool) -> bf.QuantizedWeight:
@@ -90,26 +92,34 @@ def copies_for(nbytes: int, device: torch.device) -> int:
     return max(2, -(-4 * L2_BYTES // nbytes)) if device.type == "cuda" else 1
 
 
+def layout_names(cls, able) -> dict[str, str]:
+    """Layout -> the table's name for `cls` timed on it: its first layout under its own name, another one (that
+    some other capable backend shares) as "name@layout" (crossover.Entry.time)."""
+    shared = {layout for other in able if other is not cls for layout in other.reads}
+    return {layout: cls.name if i == 0 else f"{cls.name}@{layout}" for i, layout in enumerate(cls.reads)
+            if i == 0 or layout in shared}  # fmt: skip
+
+
 def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
+    """Each capable backend alone (on each layout it reads), then, with that table merged in (--emit-table), the
+    dispatched op: the plan the new measurements give, checked in the same run."""
     fmt, activation, scale = pair
     qw = random_weight(fmt, n, k, scale)
     copies = copies_for(qw.nbytes, device)
     top = max(ms)
-    dispatched = [bc.prepare_linear(qw, device=device, max_tokens=top, activation=activation) for _ in range(copies)]
-    query = dispatched[0].plan.query
+    probe = bc.prepare_linear(qw, device=device, max_tokens=top, activation=activation)  # its query
+    query, input_scale = probe.plan.query, probe.input_scale
+    del probe
     able = [cls for cls in backends.for_op("linear") if cls.can_implement(query)[0]]
-    layout = dispatched[0].plan.rows[0].backend.weights.shared_layout  # the plan's one copy of the weight
-    one_copy = [cls.name for cls in able if layout in cls.reads]
-    if args.family_only:
-        able = [cls for cls in able if cls.name in one_copy]
-    if args.table_only:
-        dispatched = dispatched[:1]  # kept for its query and explain; not timed
     single = {}
-    for cls in able:  # each backend alone, in its own weight copies
-        scale = dispatched[0].input_scale
-        weights = [DeviceWeights(as_shards(qw), query.act_mode, scale, device) for _ in range(copies)]
-        single[cls.name] = [plan.build(query, w, only=cls) for w in weights]
+    for cls in able:  # each backend alone, in its own weight copies, on each layout it reads
+        for layout, label_ in layout_names(cls, able).items():
+            weights = [DeviceWeights(as_shards(qw), query.act_mode, input_scale, device) for _ in range(copies)]
+            for w in weights:
+                w.shared_layout = layout
+            single[label_] = [plan.build(query, w, only=cls) for w in weights]
     pruned: set[str] = set()
+    mine = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         row = dict(shape=name, n=n, k=k, format=fmt, activation=activation, static=scale, mode=query.act_mode, m=m)
@@ -117,15 +127,28 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
                            for b, plans in single.items() if b not in pruned}  # fmt: skip
         fastest = min(row["backends"].values())
         pruned |= {b for b, t in row["backends"].items() if t > PRUNE * fastest}
+        mine.append(row)
+    single.clear()
+    if args.emit_table:  # the dispatched plan below reads the new entry (when the table is b12x_core's own)
+        facts = device_facts(device)
+        crossover.merge(Path(args.emit_table), table(mine, facts["capability"], facts["device"], facts["date"]))
+        crossover.load.cache_clear()
+    dispatched = [bc.prepare_linear(qw, device=device, max_tokens=top, activation=activation)
+                  for _ in range(1 if args.table_only else copies)]  # fmt: skip
+    layout = dispatched[0].plan.rows[0].backend.weights.shared_layout  # the plan's one copy of the weight
+    one_copy = [layout_names(cls, able).get(layout) for cls in able if layout in cls.reads]
+    for row in mine:
+        m = row["m"]
         if not args.table_only:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
             row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
         row["dispatched_backend"] = dispatched[0].plan.for_tokens(m).backend.name
         row["one_copy"] = [b for b in one_copy if b in row["backends"]]  # what the plan could pick from
         rows.append(row)
         alone = " ".join(f"{b}={t:.1f}" for b, t in row["backends"].items())
         took = f"dispatched {row['dispatched']:>9.1f} µs" if "dispatched" in row else "plan"
-        print(f"  {label(*pair):<22} M={m:<5} {took} ({row['dispatched_backend']}) fastest {fastest:>9.1f} {alone}",
-              flush=True)  # fmt: skip
+        print(f"  {label(*pair):<22} M={m:<5} {took} ({row['dispatched_backend']}) "
+              f"fastest {min(row['backends'].values()):>9.1f} {alone}", flush=True)  # fmt: skip
 
 
 def shapes_of(spec: str) -> dict[str, tuple[int, int]]:
@@ -158,12 +181,19 @@ def measure(args, device: torch.device) -> list[dict]:
                 print(f"  time budget of {args.budget_s} s spent: stopping before {name} {label(*pair)}")
                 return rows
             measure_pair(timer, device, name, n, k, pair, ms, rows, args)  # its weight copies are freed on return
-            if args.out:  # after every pair: a run cut short still leaves its measurements
+            if args.out:  # after every pair: a run cut short still leaves its measurements (--from-json reads them)
                 with open(args.out, "w") as f:
-                    json.dump({"rows": rows, "partial": True}, f)
+                    json.dump({**device_facts(device), "rows": rows, "partial": True}, f)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def device_facts(device: torch.device) -> dict:
+    day = time.strftime("%Y-%m-%d")
+    if device.type != "cuda":
+        return {"device": "cpu", "capability": [0, 0], "date": day}
+    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()), "date": day}
 
 
 def layers(rows: list[dict]) -> list[dict]:
@@ -204,7 +234,7 @@ def check(rows: list[dict]) -> bool:
     return not bad
 
 
-def table(rows: list[dict], capability, device_name: str) -> list[crossover.Entry]:
+def table(rows: list[dict], capability, device_name: str, day: str) -> list[crossover.Entry]:
     """Per (format, mode, shape): each backend's µs at each M (the mean where a shape was measured twice)."""
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
@@ -214,7 +244,6 @@ def table(rows: list[dict], capability, device_name: str) -> list[crossover.Entr
         for b, t in r["backends"].items():
             groups[key][b][r["m"]].append(t)
     entries = []
-    day = time.strftime("%Y-%m-%d")
     for (fmt, mode, shape), per_backend in sorted(groups.items()):
         ms = sorted({m for times in per_backend.values() for m in times})
         us = {b: [round(statistics.mean(times[m]), 2) if m in times else None for m in ms]
@@ -262,28 +291,35 @@ def main() -> int:
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--table-only", action="store_true", help="time the backends alone, not the dispatched op")
-    parser.add_argument("--family-only", action="store_true", help="time only the backends on the plan's weight copy")
     parser.add_argument("--budget-s", type=float, default=0, help="start no new format after this many seconds")
+    parser.add_argument("--from-json", default="", help="no measuring: the check and table of a saved --out file")
     parser.add_argument("--cpu-smoke", action="store_true", help="the logic on CPU: a tiny shape, the reference")
     args = parser.parse_args()
     if args.cpu_smoke:
         args.ms, args.replays = "1,2,4", 2
-    device = torch.device("cpu") if args.cpu_smoke else torch.device("cuda", torch.cuda.current_device())
-    torch.manual_seed(0)
-    reuse_repacks()
-    rows = measure(args, device)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    capability = torch.cuda.get_device_capability() if device.type == "cuda" else (0, 0)
+    if args.from_json:  # a run cut short, or one fetched from the device: its rows as they were saved
+        saved = json.loads(Path(args.from_json).read_text())
+        rows, name, capability, day = saved["rows"], saved["device"], tuple(saved["capability"]), saved["date"]
+        args.out = args.out if args.out != parser.get_default("out") else ""
+    else:
+        device = torch.device("cpu") if args.cpu_smoke else torch.device("cuda", torch.cuda.current_device())
+        torch.manual_seed(0)
+        reuse_repacks()
+        rows = measure(args, device)
+        facts = device_facts(device)
+        name, capability, day = facts["device"], tuple(facts["capability"]), facts["date"]
     per_layer = layers(rows)
-    with open(args.out, "w") as f:
-        json.dump({"device": name, "capability": list(capability), "rows": rows, "layers": per_layer}, f, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            saved = {"device": name, "capability": list(capability), "date": day, "rows": rows, "layers": per_layer}
+            json.dump(saved, f, indent=1)
     for r in per_layer:
         print(f"  layer {r['model']:<4} {r['label']:<22} M={r['m']:<5} {r['us']:>9.1f} µs  {r['speedup']:.2f}× bf16")
-    if args.png and not args.table_only:
+    if args.png and any("dispatched" in r and "backends" in r for r in rows):
         plot(rows, args.png)
     ok = check(rows)
     if args.emit_table:
-        crossover.merge(Path(args.emit_table), table(rows, capability, name))
+        crossover.merge(Path(args.emit_table), table(rows, capability, name, day))
         print(f"measured table merged into {args.emit_table}")
     return 0 if ok else 1
 

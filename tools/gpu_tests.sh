@@ -16,8 +16,15 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"
 start=$(date +%s)
-python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
-echo "build: $(( $(date +%s) - start )) s"
+# B12X_WHEEL=path: a b12x-kernels wheel built earlier for this Python (a device call carries it), used when it
+# imports here; otherwise the extension is built
+if [ -n "${B12X_WHEEL:-}" ] && python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL" \
+    && (cd /tmp && python3 -c "import b12x_kernels as k; assert k._C is not None, k.unavailable_reason()"); then
+  echo "b12x-kernels from $B12X_WHEEL"
+else
+  python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
+  echo "build: $(( $(date +%s) - start )) s"
+fi
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
 so=$(cd /tmp && python3 -c "import b12x_kernels._C as c; print(c.__file__)")
 cuobjdump --list-elf "$so"

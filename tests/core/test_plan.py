@@ -258,3 +258,21 @@ def test_a_layer_takes_the_nearest_measured_shape_class():
         basis, _, decisions = plan.choose(q, entries=(small, large))
         assert f"shape class {shape}" in basis and decisions[0].backend.name == winner
         assert ("stands in for this layer's" in basis) == ((n, k) != (8192, 8192))
+
+
+def test_a_backend_measured_on_each_layout_is_judged_on_the_layout_the_plan_keeps():
+    """decode + GEMM reads both layouts, at different speeds: the plan must not count its checkpoint-layout time
+    for a family that keeps the tensor-core layout."""
+    ms = (1, 256)
+    us = {"tensor_core": (10.0, 400.0), "cuda_gemv": (30.0, 900.0), "triton_tiles": (40.0, 300.0),
+          "decode_gemm": (200.0, 100.0), "decode_gemm@mma": (200.0, 330.0)}  # fmt: skip
+    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "layouts")
+    q = query("MXFP4", "bf16", H200, max_tokens=256)
+    basis, _, decisions = plan.choose(q, entries=(entry,))
+    # the tensor-core family (decode on its layout): 10 at M=1, 330 at M=256 -> at most 3.3× the fastest (100);
+    # the checkpoint family: 30 at M=1 (3×), 100 at M=256 -> 3×: it loses least
+    assert [d.backend.name for d in decisions] == ["cuda_gemv", "decode_gemm"], decisions
+    assert "one weight copy (checkpoint layout): at most 3.00×" in basis
+    without = dataclasses.replace(entry, us={k: v for k, v in us.items() if "@" not in k})
+    _, _, naive = plan.choose(q, entries=(without,))  # measured on one layout only: decode reads mma as fast
+    assert [d.backend.name for d in naive] == ["tensor_core", "decode_gemm"]

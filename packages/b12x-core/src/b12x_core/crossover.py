@@ -49,11 +49,12 @@ class Entry:
     source: str = ""
     op: str = "linear"  # linear | moe: a MoE's token counts and times say nothing of a linear's, nor back
 
-    def time(self, backend: str, m: int) -> tuple[float | None, str]:
+    def time(self, backend: str, m: int, layout: str | None = None) -> tuple[float | None, str]:
         """(µs, how it was read) of `backend` at a measured token count m: "measured"; between two measurements
         of the backend "interpolated" (linearly); below its first "bound" (that first time: work grows with M);
-        above its last or never "unmeasured" (None)."""
-        times = self.us.get(backend)
+        above its last or never "unmeasured" (None). A backend that reads several layouts of the weight may be
+        measured on each: "name@layout" holds its times on that layout (bare "name": its first layout)."""
+        times = self.us.get(f"{backend}@{layout}") or self.us.get(backend)
         known = [(p, t) for p, t in zip(self.ms, times or (), strict=False) if t is not None]
         if not known:
             return None, "unmeasured"

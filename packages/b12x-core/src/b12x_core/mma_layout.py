@@ -13,6 +13,7 @@ with one small load.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -104,14 +105,31 @@ def _permute_words(code_bytes: np.ndarray, fmt: str, inverse: bool = False) -> n
     words = code_bytes.reshape(code_bytes.shape[0], -1, 4)
     if spec.bits_per_weight >= 8:
         return np.ascontiguousarray(words[..., [0, 2, 1, 3]]).reshape(code_bytes.shape)
-    w = np.ascontiguousarray(words).view("<u4")[..., 0].astype(np.uint32)
-    out = np.zeros_like(w)
+    # Each output word is the OR of what its four bytes contribute (the permutation moves single bits), so four
+    # 256-entry tables replace 32 shift-and-mask passes over the weight (a 70B gate_up repacks in about a second).
+    tables = _byte_tables(inverse)
+    b = np.ascontiguousarray(words)
+    out = tables[0][b[..., 0]] | tables[1][b[..., 1]] | tables[2][b[..., 2]] | tables[3][b[..., 3]]
+    return out.astype("<u4").view(np.uint8).reshape(code_bytes.shape)
+
+
+@functools.cache
+def _byte_tables(inverse: bool) -> tuple[np.ndarray, ...]:
+    """Per byte position of a 32-bit word, value -> its bits moved to where E2M1_FIELDS put them (uint32)."""
+    moves = []  # (source bit, destination bit) over the word
     for p, fields in enumerate(E2M1_FIELDS):
         for half, e in ((0, 2 * p), (1, 2 * p + 1)):
             for bit, at in enumerate(fields):  # code bit 0-2: magnitude, bit 3: sign
-                src, dst = (at + 16 * half, 4 * e + bit) if inverse else (4 * e + bit, at + 16 * half)
-                out |= ((w >> np.uint32(src)) & 1) << np.uint32(dst)
-    return out.astype("<u4").view(np.uint8).reshape(code_bytes.shape)
+                moves.append((at + 16 * half, 4 * e + bit) if inverse else (4 * e + bit, at + 16 * half))
+    values = np.arange(256, dtype=np.uint32)
+    tables = []
+    for byte in range(4):
+        table = np.zeros(256, dtype=np.uint32)
+        for src, dst in moves:
+            if src // 8 == byte:
+                table |= ((values >> np.uint32(src % 8)) & 1) << np.uint32(dst)
+        tables.append(table)
+    return tuple(tables)
 
 
 def _ggml_fields(spec) -> tuple[int, int, int]:

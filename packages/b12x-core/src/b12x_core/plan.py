@@ -182,39 +182,46 @@ def shared_layout(backends_: list[type[Backend]]) -> str | None:
     return "checkpoint" if "checkpoint" in common else sorted(common)[0]
 
 
-def one_copy(able, decisions, decide, entry=None) -> tuple[list | None, str]:
-    """-> (the capable backends the plan keeps, what it costs) when the decisions' backends need two layouts of
-    the weight; (None, "") when they share one or B12X_WEIGHT_COPIES=2. `decide(subset)` remakes the decisions
-    among a subset. Each layout's family is the backends reading it; measured (`entry`), the family whose
-    decisions lose least against the fastest at the measured token counts wins, unmeasured the M=1 winner's."""
+def one_copy(able, decisions, decide, entry=None) -> tuple[list | None, str | None, str]:
+    """-> (the capable backends the plan keeps, the layout they share, what it costs) when the plan must choose
+    one layout of the weight; (None, None, "") when the decisions stand as they are (B12X_WEIGHT_COPIES=2, or
+    their backends share a layout and lose nothing on it). `decide(subset, layout)` remakes the decisions among
+    a subset, with each backend's times on that layout (crossover.Entry.time). Each layout's family is the
+    backends reading it; measured (`entry`), the family whose decisions lose least against the fastest at the
+    measured token counts wins (ties: the layout the fastest already share), unmeasured the M=1 winner's."""
     chosen = list(dict.fromkeys(d.backend for d in decisions))
-    if shared_layout(chosen) is not None or weight_copies() == 2:
-        return None, ""
+    shared = shared_layout(chosen)
+    if weight_copies() == 2 or (shared is not None and entry is None):
+        return None, None, ""
     layouts = list(dict.fromkeys(layout for cls in able for layout in cls.reads))
     families = {layout: [cls for cls in able if layout in cls.reads] for layout in layouts}
     if entry is None:
         first = decisions[0].backend
         layout = next(layout for layout in layouts if layout in first.reads)
-        return families[layout], f"one weight copy ({layout} layout: the M=1 default's; B12X_WEIGHT_COPIES=2 for two)"
+        return families[layout], layout, (f"one weight copy ({layout} layout: the M=1 default's; "
+                                          "B12X_WEIGHT_COPIES=2 for two)")  # fmt: skip
 
-    def worst(family) -> float:
-        """The largest ratio, over measured M, of the family's winner time to the fastest's."""
-        fam = decide(family)
+    def worst(family, layout) -> float:
+        """The largest ratio, over measured M, of the family's winner time (on its layout) to the fastest's."""
+        fam = decide(family, layout)
         ratio = 1.0
         for p in entry.ms:
             if p > decisions[-1].hi:
                 break
             best = next(d for d in decisions if d.lo <= p <= d.hi).backend.name
             mine = next(d for d in fam if d.lo <= p <= d.hi).backend.name
-            t_best, t_mine = entry.time(best, p)[0], entry.time(mine, p)[0]
+            t_best, t_mine = entry.time(best, p)[0], entry.time(mine, p, layout)[0]
             if t_best and t_mine:
                 ratio = max(ratio, t_mine / t_best)
         return ratio
 
-    costs = {layout: worst(fam) for layout, fam in families.items() if fam}
-    layout = min(costs, key=costs.get)
-    return families[layout], (f"one weight copy ({layout} layout): at most {costs[layout]:.2f}× the fastest backend "
-                              f"at the measured M (B12X_WEIGHT_COPIES=2 holds two copies for that)")  # fmt: skip
+    costs = {layout: worst(fam, layout) for layout, fam in families.items() if fam}
+    layout = min(costs, key=lambda lay: (costs[lay], lay != shared))
+    if layout == shared and costs[layout] == 1.0:
+        return None, shared, ""  # the fastest per range share this layout and lose nothing on it
+    cost = (f"one weight copy ({layout} layout): at most {costs[layout]:.2f}× the fastest backend at the measured M "
+            "(B12X_WEIGHT_COPIES=2 holds two copies for that)")  # fmt: skip
+    return families[layout], layout, cost
 
 
 def _excluded(decisions: list[Decision], able, family) -> list[Decision]:
@@ -259,9 +266,10 @@ def _default_decisions(able: list[type[Backend]], lo: int, hi: int, basis_note: 
     return out
 
 
-def _measured_decisions(able, entry: crossover.Entry, hi: int) -> list[Decision]:
-    """Per measured token count p: the fastest capable backend there; it runs the tokens after the previous
-    measured count up to p (the last measured count's winner also runs everything above it)."""
+def _measured_decisions(able, entry: crossover.Entry, hi: int, layout: str | None = None) -> list[Decision]:
+    """Per measured token count p: the fastest capable backend there (its time on `layout` where measured per
+    layout); it runs the tokens after the previous measured count up to p (the last measured count's winner also
+    runs everything above it)."""
     points = list(entry.ms)
     spans = []
     prev = 0
@@ -271,7 +279,7 @@ def _measured_decisions(able, entry: crossover.Entry, hi: int) -> list[Decision]
             break
         texts, known = {}, []
         for cls in able:
-            t, how = entry.time(cls.name, p)
+            t, how = entry.time(cls.name, p, layout)
             texts[cls.name] = "?" if t is None else {"interpolated": "~", "bound": "≤"}.get(how, "") + f"{t:.1f}"
             if t is not None:
                 known.append((t, cls))
@@ -343,7 +351,7 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
         note = f"no measurements for {arch} {query.format} × {query.act_mode}"
         basis = f"conservative defaults ({note})"
         decisions = _default_decisions(able, 1, hi, "unmeasured")
-        family, cost = one_copy(able, decisions, lambda subset: _default_decisions(subset, 1, hi, "unmeasured"))
+        family, _, cost = one_copy(able, decisions, lambda subset, _: _default_decisions(subset, 1, hi, "unmeasured"))
         if family is None:
             return basis, never, decisions
         return f"{basis}; {cost}", never, _excluded(_merge(_default_decisions(family, 1, hi, "unmeasured")), able,
@@ -353,10 +361,11 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
              f"per range the fastest at its last measured M (µs; ~ interpolated, ≤ bounded by a larger M's time, "
              f"? unmeasured)")  # fmt: skip
     decisions = _measured_decisions(able, entry, hi)
-    family, cost = one_copy(able, decisions, lambda subset: _measured_decisions(subset, entry, hi), entry)
+    family, layout, cost = one_copy(able, decisions, lambda subset, lay: _measured_decisions(subset, entry, hi, lay),
+                                    entry)  # fmt: skip
     if family is None:
-        return basis, never, decisions
-    return f"{basis}; {cost}", never, _excluded(_measured_decisions(family, entry, hi), able, family)
+        return basis, never, decisions if layout is None else _measured_decisions(able, entry, hi, layout)
+    return f"{basis}; {cost}", never, _excluded(_measured_decisions(family, entry, hi, layout), able, family)
 
 
 def preview(query: Query, entries=None) -> Plan:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 20's device run (tools/device_check.sh is the other half: the full GPU suite): the fast GPU tier, then
+# the measured tables the plans choose from and the plan check on them, in one pass per format × mode: each
+# backend alone, its entry merged into b12x_core's own crossover.json, then the dispatched op (the plan that
+# entry gives) timed beside them. MoE: Qwen3-30B-A3B-, gpt-oss- and DeepSeek-V3-like; linear: Llama-3.1-8B's and
+# 70B's four linears. Every step has a time budget so the call ends inside the device's 10-minute limit; a step
+# cut short keeps what it measured (the table is merged as it goes).
+#   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear shapes=8b] [--no-tests]
+# OUT gets: run.log (everything), times.txt (each test's seconds), moe.json, linear.json (raw rows), crossover.json
+# (commit it as packages/b12x-core/src/b12x_core/crossover.json), rows.md (the docs/performance.md tables).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: tools/device_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
+total="${2:-570}" moe_shapes="${3:-qwen3,gptoss}" linear_shapes="${4:-8b}" tests="${5:-}"
+mkdir -p "$out"
+t0=$(date +%s)
+left() { echo $(( total - ($(date +%s) - t0) )); }
+say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+exec > >(tee -a "$out/run.log") 2>&1
+if ls .whl/gguf-*.whl > /dev/null 2>&1; then  # what the device image lacks, carried as wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export B12X_WHEEL="$(ls .whl/b12x_kernels-*cp312*.whl 2>/dev/null | head -1)" B12X_TEST_TIMES="$out/times.txt"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+if [ "$tests" != "--no-tests" ]; then
+  say "fast tier"
+  timeout 240 bash tools/gpu_tests.sh --fast --timeout 200
+  say "fast tier: exit $?"
+elif [ -n "$B12X_WHEEL" ]; then
+  python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL"
+else
+  CMAKE_BUILD_PARALLEL_LEVEL=16 B12X_CUDA_ARCHS=90 python3 -m pip install -q --no-build-isolation --no-deps ./packages/b12x-kernels
+fi
+export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+table=packages/b12x-core/src/b12x_core/crossover.json
+cases="MXFP4:bf16,MXFP4:mxfp8,NVFP4:bf16,NVFP4:nvfp4,NVFP4:mxfp8,IQ2_XS:bf16,IQ2_XXS:bf16,Q8_0:bf16"
+if [ "$moe_shapes" != "-" ]; then
+  moe_budget=$(( $(left) * ${MOE_SHARE:-40} / 100 ))
+  say "MoE $moe_shapes (budget ${moe_budget} s)"
+  timeout $(( moe_budget + 90 )) python3 benchmarks/moe.py --shapes "$moe_shapes" \
+    --backends triton_moe,tensor_core_moe,auto --cases "$cases" --out "$out/moe.json" --png "" --emit-table "$table" \
+    --budget-s "$moe_budget"
+  say "MoE: exit $?"
+fi
+if [ "$linear_shapes" != "-" ]; then
+  say "linear $linear_shapes (budget $(( $(left) - 90 )) s)"
+  timeout $(( $(left) - 20 )) python3 benchmarks/plan_check.py --shapes "$linear_shapes" --out "$out/linear.json" \
+    --png "" --emit-table "$table" --budget-s $(( $(left) - 90 ))
+  say "linear: exit $?"
+fi
+cp "$table" "$out/crossover.json"
+python3 benchmarks/report.py --linear "$out/linear.json" --moe "$out/moe.json" > "$out/rows.md" 2>&1
+say "done"
