@@ -21,6 +21,7 @@ import b12x_core as bc
 import b12x_formats as bf
 
 L2_BYTES = 60 * 1024**2
+_RANDOM_ON = "cuda" if torch.cuda.is_available() else "cpu"  # random bytes of a 70B layer: seconds on the host
 
 
 def time_graph(fn, copies: int, replays: int = 100, budget_ms: float | None = None) -> float:
@@ -119,7 +120,7 @@ def random_weight(fmt: str, n: int, k: int, lead: tuple[int, ...] = ()) -> bf.Qu
         elif spec.dtype == "float32":
             tensors[spec.name] = np.full(shape, 0.01, np.float32)
         else:
-            codes = torch.randint(0, 256, shape, dtype=torch.uint8).numpy()
+            codes = torch.randint(0, 256, shape, dtype=torch.uint8, device=_RANDOM_ON).cpu().numpy()
             if spec.dtype == "float8_e4m3fn":
                 codes = (codes & 0x7E).view(ml_dtypes.float8_e4m3fn)  # no NaN, no sign (valid UE4M3 too)
             elif spec.name == "weight_scale":  # E8M0: near 2^0

@@ -10,7 +10,7 @@ picks from comes out of the same run.
     python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
 
 For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
-that backend alone; one that was over PRUNE× the fastest at the previous M is not timed at larger M), the
+that backend alone; one over PRUNE× the fastest and falling further behind is not timed at larger M), the
 dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; per model, the decoder layer's
 four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
@@ -46,7 +46,7 @@ MODELS = {  # a decoder layer's four linears (qkv and gate_up fused, as vLLM run
 }
 SHAPES = {f"{model}.{name}": shape for model, shapes in MODELS.items() for name, shape in shapes.items()}
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
-PRUNE = 3.0  # a backend this many times slower than the fastest at one M is not timed at larger M
+PRUNE = 3.0  # a backend this many times slower than the fastest, and falling further behind, is not timed beyond
 BUDGET_MS = 80  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
 # (format, activation, with input_scale): every format with bf16, every quantized activation mode
 PAIRS = [(f, "bf16", False) for f in bf.FORMATS if f != "W4A16_NVFP4"] + [
@@ -119,6 +119,7 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
                 w.shared_layout = layout
             single[label_] = [plan.build(query, w, only=cls) for w in weights]
     pruned: set[str] = set()
+    behind: dict[str, float] = {}  # each backend's time over the fastest's at the previous M
     mine = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
@@ -126,7 +127,10 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
         row["backends"] = {b: timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
                            for b, plans in single.items() if b not in pruned}  # fmt: skip
         fastest = min(row["backends"].values())
-        pruned |= {b for b, t in row["backends"].items() if t > PRUNE * fastest}
+        ratios = {b: t / fastest for b, t in row["backends"].items()}
+        # far behind and not catching up (the GEMV grows with M; decode + GEMM's fixed cost shrinks relative to it)
+        pruned |= {b for b, r in ratios.items() if r > PRUNE and b in behind and r >= behind[b]}
+        behind = ratios
         mine.append(row)
     single.clear()
     if args.emit_table:  # the dispatched plan below reads the new entry (when the table is b12x_core's own)

@@ -5,9 +5,11 @@
 # entry gives) timed beside them. MoE: Qwen3-30B-A3B-, gpt-oss- and DeepSeek-V3-like; linear: Llama-3.1-8B's and
 # 70B's four linears. Every step has a time budget so the call ends inside the device's 10-minute limit; a step
 # cut short keeps what it measured (the table is merged as it goes).
-#   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear shapes=8b] [--no-tests]
-# OUT gets: run.log (everything), times.txt (each test's seconds), moe.json, linear.json (raw rows), crossover.json
-# (commit it as packages/b12x-core/src/b12x_core/crossover.json), rows.md (the docs/performance.md tables).
+#   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
+# linear groups: "shapes[@ms]" separated by ";" (e.g. "8b;70b@1,16,256,4096"), each given LINEAR_SHARES percent
+# (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases.
+# OUT gets: run.log (everything), times.txt (each test's seconds), moe.json and linear_<group>.json (raw rows),
+# crossover.json (commit it as packages/b12x-core/src/b12x_core/crossover.json), rows.md (docs tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/device_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
@@ -35,7 +37,7 @@ else
 fi
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 table=packages/b12x-core/src/b12x_core/crossover.json
-cases="MXFP4:bf16,MXFP4:mxfp8,NVFP4:bf16,NVFP4:nvfp4,NVFP4:mxfp8,IQ2_XS:bf16,IQ2_XXS:bf16,Q8_0:bf16"
+cases="${MOE_CASES:-MXFP4:bf16,MXFP4:mxfp8,NVFP4:bf16,NVFP4:nvfp4,NVFP4:mxfp8,IQ2_XS:bf16,IQ2_XXS:bf16,Q8_0:bf16}"
 if [ "$moe_shapes" != "-" ]; then
   moe_budget=$(( $(left) * ${MOE_SHARE:-40} / 100 ))
   say "MoE $moe_shapes (budget ${moe_budget} s)"
@@ -44,12 +46,19 @@ if [ "$moe_shapes" != "-" ]; then
     --budget-s "$moe_budget"
   say "MoE: exit $?"
 fi
-if [ "$linear_shapes" != "-" ]; then
-  say "linear $linear_shapes (budget $(( $(left) - 90 )) s)"
-  timeout $(( $(left) - 20 )) python3 benchmarks/plan_check.py --shapes "$linear_shapes" --out "$out/linear.json" \
-    --png "" --emit-table "$table" --budget-s $(( $(left) - 90 ))
-  say "linear: exit $?"
-fi
+# linear groups: "shapes[@ms]" separated by ";", each given LINEAR_SHARES (percent of the time left, in order)
+IFS=';' read -ra groups <<< "$linear_shapes"
+IFS=',' read -ra shares <<< "${LINEAR_SHARES:-}"
+for i in "${!groups[@]}"; do
+  [ "${groups[$i]}" = "-" ] && continue
+  shapes="${groups[$i]%%@*}" ms_arg=()
+  [[ "${groups[$i]}" == *@* ]] && ms_arg=(--ms "${groups[$i]#*@}")
+  budget=$(( ($(left) - 60) * ${shares[$i]:-100} / 100 ))
+  say "linear $shapes (budget ${budget} s)"
+  timeout $(( budget + 60 )) python3 benchmarks/plan_check.py --shapes "$shapes" "${ms_arg[@]}" \
+    --out "$out/linear_$i.json" --png "" --emit-table "$table" --budget-s "$budget"
+  say "linear $shapes: exit $?"
+done
 cp "$table" "$out/crossover.json"
-python3 benchmarks/report.py --linear "$out/linear.json" --moe "$out/moe.json" > "$out/rows.md" 2>&1
+python3 benchmarks/report.py --linear "$out"/linear_*.json --moe "$out/moe.json" > "$out/rows.md" 2>&1
 say "done"
