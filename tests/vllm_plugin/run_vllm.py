@@ -2,6 +2,9 @@
 
     python tests/vllm_plugin/run_vllm.py MODEL_DIR OUT.json [--quantization b12x] [--linear-backend b12x] ...
 
+--record-routing adds "routing": every forward's token ids, positions and each MoE router's logits (hooks on the
+`*.mlp.gate` modules), so a test can tell where two models routed a token differently.
+
 A separate process per model: vLLM owns its process state, and its engine runs in subprocesses.
 """
 
@@ -19,6 +22,34 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 PROMPTS = [[5, 17, 42, 99, 7, 250, 3], [300, 11, 64, 128, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
 
 
+def record_routing(model) -> int:
+    """Hooks that keep, per forward of `model`, its token ids, positions and every MoE router's logits (float32,
+    layer order) in `model.b12x_routing`; returns the number of routers. Runs in the worker (apply_model)."""
+    records = model.b12x_routing = []
+    gates = [module for name, module in model.named_modules() if name.endswith(".mlp.gate")]
+
+    def before(module, args, kwargs):
+        named = dict(zip(("input_ids", "positions"), args, strict=False)) | kwargs  # passed either way
+        ids, positions = named["input_ids"], named["positions"]
+        records.append({"ids": ids.tolist(), "positions": positions.tolist(), "routers": [None] * len(gates)})
+
+    def after(layer):
+        def hook(module, args, output):
+            logits = output[0] if isinstance(output, tuple) else output  # linear layers return (out, bias)
+            records[-1]["routers"][layer] = logits.float().tolist()
+
+        return hook
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    for layer, gate in enumerate(gates):
+        gate.register_forward_hook(after(layer))
+    return len(gates)
+
+
+def recorded_routing(model) -> list:
+    return model.b12x_routing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -28,7 +59,10 @@ def main() -> None:
     parser.add_argument("--moe-backend")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--record-routing", action="store_true")
     args = parser.parse_args()
+    if args.record_routing:  # the hooks travel to the engine (another process under TP) as pickled functions
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
     from vllm import LLM, SamplingParams
 
@@ -40,6 +74,8 @@ def main() -> None:
         max_num_batched_tokens=128, dtype="bfloat16", seed=0, tensor_parallel_size=args.tensor_parallel_size,
         **kwargs,
     )  # fmt: skip
+    if args.record_routing:
+        assert all(llm.apply_model(record_routing)), "--record-routing: the model has no MoE router (*.mlp.gate)"
     loaded = time.perf_counter()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, prompt_logprobs=1, detokenize=False)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
@@ -52,6 +88,8 @@ def main() -> None:
             None if step is None else {str(t): lp.logprob for t, lp in step.items()} for step in out.prompt_logprobs
         ]
         result["requests"].append({"tokens": list(gen.token_ids), "logprobs": steps, "prompt_logprobs": prompt})
+    if args.record_routing:  # routers are replicated on every rank: rank 0's record
+        result["routing"] = llm.apply_model(recorded_routing)[0]
     from b12x_vllm import report  # the engine ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, TP=1)
 
     result["b12x"] = report.summary()

@@ -47,6 +47,9 @@ TINY_QWEN3_MOE = {
 }
 
 
+ROUTER_SCALE = 8  # the MoE routers' weights, in units of a random linear layer's 1/sqrt(K)
+
+
 class _Random:
     """bf16 tensors with the scale of a trained layer (weights ~ 1/sqrt(K), norms ~ 1)."""
 
@@ -103,9 +106,11 @@ def qwen3_moe_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     h, ie, e = config["hidden_size"], config["moe_intermediate_size"], config["num_experts"]
 
     def mlp(r, p):
-        # A decisive router (8× a random layer's scale), as trained routers are: top-k choices then do not hinge
-        # on near ties, so comparisons of tiny models are not dominated by routing flips.
-        out = {f"{p}.mlp.gate.weight": (r.linear(e, h).astype(np.float32) * 8).astype(ml_dtypes.bfloat16)}
+        # A decisive router (ROUTER_SCALE× a random layer's scale), as trained routers are: top-k choices hinge on
+        # near ties less often, so comparisons of tiny models are not dominated by routing flips (they still
+        # happen: tests that compare two models tell them apart, test_e2e_cpu's routing records).
+        gate = r.linear(e, h).astype(np.float32) * ROUTER_SCALE
+        out = {f"{p}.mlp.gate.weight": gate.astype(ml_dtypes.bfloat16)}
         for x in range(e):
             out |= {
                 f"{p}.mlp.experts.{x}.gate_proj.weight": r.linear(ie, h),

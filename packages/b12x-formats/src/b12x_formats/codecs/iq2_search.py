@@ -37,6 +37,16 @@ MAX_NIBBLE = 15
 MAX_GAIN = np.float32(1.5)  # step 5's rescale of d; it stays near 1.06 on real weights
 
 
+def _products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b.T for [n, 8] × [m, 8], summed in one fixed order. Not BLAS: its kernels (and their order of
+    summation) change with the thread count, and an argmin between near-equal errors then picks another grid
+    point; the bytes would depend on the machine and on --jobs (workers run one BLAS thread)."""
+    out = a[:, :1] * b[:, 0]
+    for j in range(1, a.shape[1]):
+        out += a[:, j : j + 1] * b[:, j]
+    return out
+
+
 @dataclass
 class IQ2Blocks:
     d: np.ndarray  # float32 [B], already representable in fp16
@@ -81,8 +91,8 @@ def _quantize_chunk(x, weights, grid, gps) -> IQ2Blocks:
     sign_bits = negative ^ flip
 
     # 2. per-group correlations with every grid point
-    p2 = 2 * ((w * target) @ grid.T)
-    q = w @ (grid * grid).T
+    p2 = 2 * _products(w * target, grid)
+    q = _products(w, grid * grid)
     work = np.empty_like(q)
 
     def assign(scale_per_group_of_scales):
