@@ -55,7 +55,7 @@ def check_engine_args(args) -> None:
         raise CheckpointError(one_line(f"{source}: {err}")) from None
     try:
         ckpt = Checkpoint(model)  # every safetensors header (its messages name the file)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError: e.g. no .safetensors files (b12x reads no others)
         raise CheckpointError(one_line(err)) from None
     present = set(ckpt.tensor_names())
     for prefix, fmt in ckpt.quantized_layers().items():

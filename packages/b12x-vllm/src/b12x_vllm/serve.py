@@ -32,9 +32,9 @@ def client_lines(host: str, port: int) -> list[str]:
     url = f"http://{host}:{port}/v1"
     chat = {"model": NAME, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 64, "temperature": 0}
     completion = {"model": NAME, "prompt": "The history of the lighthouse", "max_tokens": 32, "temperature": 0}
-    python = (
-        f"from openai import OpenAI; client = OpenAI(base_url={url!r}, api_key='none'); "
-        f"print(client.chat.completions.create(model={NAME!r}, messages=[{{'role': 'user', 'content': {QUESTION!r}}}], "
+    python = (  # double quotes inside, so the shell line needs no escapes
+        f'from openai import OpenAI; client = OpenAI(base_url="{url}", api_key="none"); '
+        f'print(client.chat.completions.create(model="{NAME}", messages=[{{"role": "user", "content": "{QUESTION}"}}], '
         "max_tokens=64, temperature=0).choices[0].message.content)"
     )
     return [
