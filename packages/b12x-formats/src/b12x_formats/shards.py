@@ -53,7 +53,7 @@ class SafetensorsFile:
                 names = f.offset_keys()
                 layout = {n: (f.get_slice(n).get_dtype(), tuple(f.get_slice(n).get_shape())) for n in names}
         except Exception as err:  # SafetensorError, OSError: the library's words, with the file named
-            raise ValueError(f"{self.path}: not a valid safetensors file: {err}") from None
+            raise ValueError(truncation(self.path) or f"{self.path}: not a valid safetensors file: {err}") from None
         with open(self.path, "rb") as f:
             self._data_start = 8 + int.from_bytes(f.read(8), "little")
         self._info: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
@@ -90,6 +90,34 @@ class SafetensorsFile:
         except (OSError, ValueError) as err:  # e.g. the file shrank since it was validated
             raise ValueError(f"{self.path}: cannot read tensor {name!r} {list(shape)} {dtype}: {err}") from None
         return raw.view(DTYPES[dtype]).reshape(shape)
+
+
+def truncation(path: Path) -> str | None:
+    """Why a file `safe_open` refused is truncated, naming the first tensor whose bytes are cut off (the library
+    says only "MetadataIncompleteBuffer"); None when the file is not truncated or its header does not parse."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            header_len = int.from_bytes(head, "little") if len(head) == 8 else None
+            if header_len is None or 8 + header_len > size:
+                return f"{path}: the file is {size} bytes, shorter than its own header: the file is truncated"
+            header = json.loads(f.read(header_len))
+        ends = sorted(
+            (int(info["data_offsets"][1]), name, info)
+            for name, info in header.items()
+            if name != "__metadata__" and isinstance(info, dict)
+        )
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    data = size - 8 - header_len
+    for end, name, info in ends:
+        if end > data:
+            return (
+                f"{path}: tensor {name!r} {info.get('shape')} {info.get('dtype')} ends at byte {8 + header_len + end} "
+                f"but the file has only {size} bytes: the file is truncated (its header lists more data than it holds)"
+            )
+    return None
 
 
 class ShardSet:

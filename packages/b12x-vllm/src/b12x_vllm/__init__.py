@@ -22,6 +22,9 @@ def register() -> None:
     from . import backends, config  # noqa: F401  (registers the "b12x" quantization config)
 
     backends.install_request_hook()
+    from . import preflight
+
+    preflight.install()  # checkpoint checks before vLLM loads anything; one line, no traceback, for bad ones
     from . import linear_kernels
 
     linear_kernels.install()  # b12x's dense kernels join vLLM's own kernel selection

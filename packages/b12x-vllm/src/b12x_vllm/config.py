@@ -48,21 +48,8 @@ class B12xConfig(QuantizationConfig):
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> str | None:
-        """Claim ModelOpt checkpoints that hold GGML block codecs (nothing else in vLLM runs them here) and,
-        when the user asked for b12x, every ModelOpt checkpoint."""
-        if user_quant == "b12x":
-            return "b12x"
-        if not isinstance(hf_quant_cfg, dict) or str(hf_quant_cfg.get("quant_method", "")).lower() != "modelopt":
-            return None
-        try:
-            parsed = modelopt.parse_quantization_config(hf_quant_cfg)
-        except ValueError:
-            if b12x_requested() or _mentions_ggml(hf_quant_cfg):
-                raise  # the user's checkpoint is meant for b12x: show what is wrong with it
-            return None
-        if parsed.formats & set(GGML_CODECS) or b12x_requested():
-            return "b12x"
-        return None
+        """ "b12x" for the checkpoints `claims` gives b12x."""
+        return "b12x" if claims(hf_quant_cfg, user_quant, b12x_requested()) else None
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
@@ -104,6 +91,24 @@ class B12xConfig(QuantizationConfig):
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
         if self.quant.layers:
             self.quant.layers = hf_to_vllm_mapper.apply_dict(self.quant.layers)
+
+
+def claims(hf_quant_cfg, user_quant: str | None, requested: bool) -> bool:
+    """Whether b12x runs this checkpoint: ModelOpt checkpoints that hold GGML block codecs (nothing else in vLLM
+    runs them here) and, when the user asked for b12x (`requested`: --linear-backend / --moe-backend b12x, or
+    --quantization b12x), every ModelOpt checkpoint. A checkpoint meant for b12x whose config does not parse raises
+    the ValueError that says what is wrong with it."""
+    if user_quant == "b12x":
+        return True
+    if not isinstance(hf_quant_cfg, dict) or str(hf_quant_cfg.get("quant_method", "")).lower() != "modelopt":
+        return False
+    try:
+        parsed = modelopt.parse_quantization_config(hf_quant_cfg)
+    except ValueError:
+        if requested or _mentions_ggml(hf_quant_cfg):
+            raise
+        return False
+    return bool(parsed.formats & set(GGML_CODECS)) or requested
 
 
 def _mentions_ggml(cfg: dict) -> bool:

