@@ -22,34 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 PROMPTS = [[5, 17, 42, 99, 7, 250, 3], [300, 11, 64, 128, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
-
-
-def record_routing(model) -> int:
-    """Hooks that keep, per forward of `model`, its token ids, positions and every MoE router's logits (float32,
-    layer order) in `model.b12x_routing`; returns the number of routers. Runs in the worker (apply_model)."""
-    records = model.b12x_routing = []
-    gates = [module for name, module in model.named_modules() if name.endswith(".mlp.gate")]
-
-    def before(module, args, kwargs):
-        named = dict(zip(("input_ids", "positions"), args, strict=False)) | kwargs  # passed either way
-        ids, positions = named["input_ids"], named["positions"]
-        records.append({"ids": ids.tolist(), "positions": positions.tolist(), "routers": [None] * len(gates)})
-
-    def after(layer):
-        def hook(module, args, output):
-            logits = output[0] if isinstance(output, tuple) else output  # linear layers return (out, bias)
-            records[-1]["routers"][layer] = logits.float().tolist()
-
-        return hook
-
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    for layer, gate in enumerate(gates):
-        gate.register_forward_hook(after(layer))
-    return len(gates)
-
-
-def recorded_routing(model) -> list:
-    return model.b12x_routing
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> None:
@@ -67,9 +40,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=128)
     parser.add_argument("--detokenize", action="store_true", help="load the tokenizer and return each answer's text")
     args = parser.parse_args()
-    if args.record_routing:  # the hooks travel to the engine (another process under TP) as pickled functions
+    if args.record_routing:  # the hooks travel to the engine (another process under TP) as pickled functions,
+        # by reference to an importable module (a function of __main__ does not unpickle in a worker)
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+    from routing_hooks import record_routing, recorded_routing
     from vllm import LLM, SamplingParams
 
     kwargs = {k: v for k, v in (("quantization", args.quantization), ("linear_backend", args.linear_backend),

@@ -72,11 +72,13 @@ def served(request, tiny_models, tmp_path_factory) -> Served:
         client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
         alone = [serve_load.ask(client, str(model), kind, text) for kind, text in ALONE]
         load = serve_load.concurrent_load(server, client, str(model))
+        # the log of serving, before the stop: at SIGTERM vLLM's front end may log its engine's exit as a traceback
+        log = (work / "server.log").read_text()
     print(f"{request.param}: {CONCURRENT} concurrent requests in {load.seconds:.2f} s: "
           f"{CONCURRENT / load.seconds:.1f} requests/s, {load.generated / load.seconds:.0f} tokens/s, "
           f"{load.generated / load.steps:.1f} tokens per engine step")  # fmt: skip
     ref = offline(model, work, [a.prompt_ids for a in alone + load.answers])
-    return Served(alone, load, ref[: len(alone)], ref[len(alone) :], (work / "server.log").read_text())
+    return Served(alone, load, ref[: len(alone)], ref[len(alone) :], log)
 
 
 def check_against_alone(ours: Answer, ref: dict) -> list[float]:

@@ -52,7 +52,13 @@ def group_alive(pgid: int) -> bool:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after STOP_S to whatever is left of it."""
+    """SIGTERM to the server (it stops its engine processes itself), then to its process group, SIGKILL after
+    STOP_S to whatever is left of it."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=STOP_S)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
     for sig, wait in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 10)):
         if not group_alive(proc.pid):
             break

@@ -5,7 +5,7 @@ numpy-only at import time; torch tensors are accepted wherever arrays are.
 
 from . import modelopt
 from .api import dequantize, formats, per_tensor_names, quantize, spec, tensor_shapes
-from .quantized import QuantizedWeight
+from .quantized import QuantizedWeight, check_layout
 from .slicing import concat_rows, slice_weight
 from .spec import PER_TENSOR, FormatSpec, TensorSpec
 
@@ -19,6 +19,7 @@ __all__ = [
     "FormatSpec",
     "QuantizedWeight",
     "TensorSpec",
+    "check_layout",
     "concat_rows",
     "dequantize",
     "modelopt",

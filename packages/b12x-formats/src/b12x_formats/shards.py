@@ -72,6 +72,10 @@ class SafetensorsFile:
     def keys(self) -> list[str]:
         return list(self._info)
 
+    def dtype(self, name: str) -> np.dtype:
+        """The numpy dtype the tensor's values read as (from the header alone)."""
+        return np.dtype(DTYPES[self._info[name][0]])
+
     def dtype_name(self, name: str) -> str:
         return self._info[name][0]
 
@@ -103,6 +107,8 @@ def truncation(path: Path) -> str | None:
             if header_len is None or 8 + header_len > size:
                 return f"{path}: the file is {size} bytes, shorter than its own header: the file is truncated"
             header = json.loads(f.read(header_len))
+        if not isinstance(header, dict):  # a list or null header is malformed, not truncated
+            return None
         ends = sorted(
             (int(info["data_offsets"][1]), name, info)
             for name, info in header.items()

@@ -21,12 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import b12x_formats as bf
 from b12x_formats.checkpoint import Checkpoint
-from b12x_formats.quantized import check_layout
-from b12x_formats.shards import DTYPES
 
 # vLLM's RowParallelLinear layers of the decoder families b12x serves (Llama, Mistral, Qwen2/3 and their MoE forms,
 # Mixtral's w2): each rank holds K / tp of them, so K / tp must be whole blocks. Column-parallel layers split N,
@@ -84,9 +80,9 @@ def check_layer(ckpt: Checkpoint, present: set[str], source: Path, prefix: str, 
     layout = {}
     for name in names:
         file = ckpt.file_of(name)
-        layout[name.removeprefix(prefix + ".")] = (np.dtype(DTYPES[file.dtype_name(name)]).name, file.shape(name))
+        layout[name.removeprefix(prefix + ".")] = (file.dtype(name).name, file.shape(name))
     try:
-        shape = check_layout(fmt, layout)
+        shape = bf.check_layout(fmt, layout)
     except ValueError as err:
         raise CheckpointError(one_line(f"{where}: layer {prefix!r}: {err}")) from None
     weight = f"{prefix}.weight {list(layout['weight'][1])}"
