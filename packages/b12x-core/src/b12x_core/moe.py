@@ -18,7 +18,6 @@ import b12x_formats as bf
 from . import _registry
 from . import plan as plans
 from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
-from .activations import quantize_activation
 from .backends import DeviceInfo, MoEShape, Query
 from .errors import UnsupportedError
 from .linear import DEFAULT_MAX_TOKENS
@@ -208,34 +207,6 @@ def run_moe(x, topk_weights, topk_ids, p: PreparedMoE) -> torch.Tensor:
     if x.shape[0] == 0:
         return torch.empty_like(x)
     return p.plan.for_tokens(x.shape[0]).run(x, topk_weights, topk_ids)
-
-
-def _expert_activation(h: torch.Tensor, shape) -> torch.Tensor:
-    """silu(gate) · up (halves in `shape.w13_order`) or relu(h)²; `shape`: a MoEShape or PreparedMoE."""
-    if shape.activation == "relu2":
-        return torch.relu(h).square()
-    first, second = h[:, : shape.intermediate], h[:, shape.intermediate :]
-    gate, up = (first, second) if shape.w13_order == "gate_up" else (second, first)
-    return torch.nn.functional.silu(gate) * up
-
-
-def moe_reference(x, topk_weights, topk_ids, query, w13, w2, input_scales) -> torch.Tensor:
-    """The exact reference: w13 / w2 float32 [E, ...] dequantized weights, `query` the op's (modes, shape)."""
-    shape = query.moe
-    ids = topk_ids.to(torch.int64)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= shape.experts):
-        raise ValueError(f"topk_ids must lie in [0, {shape.experts}), got [{int(ids.min())}, {int(ids.max())}]")
-    xq = quantize_activation(x, query.act_mode, input_scales[0])
-    y = torch.zeros(x.shape[0], shape.hidden, dtype=torch.float32, device=x.device)
-    for e in range(shape.experts):  # ascending expert order: a fixed summation order, so bit-reproducible
-        tokens, slots = (ids == e).nonzero(as_tuple=True)
-        if tokens.numel() == 0:
-            continue
-        h = xq[tokens] @ w13[e].T
-        a = _expert_activation(h, shape).to(torch.bfloat16)
-        out = quantize_activation(a, shape.act_mode_2, input_scales[1]) @ w2[e].T
-        y.index_add_(0, tokens, out * topk_weights[tokens, slots, None])
-    return y.to(torch.bfloat16)
 
 
 def shard_moe_weights(
