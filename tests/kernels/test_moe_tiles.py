@@ -27,8 +27,9 @@ from b12x_core import plan, workspace  # noqa: E402
 from b12x_core.activations import quantize_activation  # noqa: E402
 from b12x_core.backends import DeviceInfo  # noqa: E402
 from b12x_core.backends.reference import expert_activation, moe_reference  # noqa: E402
-from b12x_core.backends.triton_moe import TritonMoE, block_table, block_table_torch, call_config  # noqa: E402
+from b12x_core.backends.triton_moe import TritonMoE, call_config  # noqa: E402
 from b12x_core.moe import MOE_FORMATS  # noqa: E402
+from b12x_core.moe_blocks import block_table, block_table_torch  # noqa: E402
 from b12x_core.weights import DeviceWeights, as_shards  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]

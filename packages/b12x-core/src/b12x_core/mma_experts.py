@@ -18,7 +18,7 @@ import torch
 import b12x_formats as bf
 
 from . import mma_path
-from .weights import _per_expert, scale_names
+from .weights import scale_names, weight_row_factors
 
 GATE_UP_ROWS = 8  # rows of gate, then of up, per 16-row tile
 
@@ -62,9 +62,7 @@ def stack_rows(shards: list[bf.QuantizedWeight], order: np.ndarray | None = None
         tensors[block] = stacked(block)
     if factor is not None and factor in shards[0].tensors:  # moved into the row factors
         tensors[factor] = np.ones((), np.float32)
-    factors = np.concatenate(
-        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
-    )[:, perm]
+    factors = weight_row_factors(shards)[:, perm]
     return bf.QuantizedWeight(fmt, (experts * rows, k), tensors), factors.reshape(-1).astype(np.float32)
 
 

@@ -141,14 +141,21 @@ def sign_table(fmt: str, device) -> torch.Tensor | None:
     return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if fmt.startswith("IQ2") else None
 
 
+def weight_row_factors(shards) -> np.ndarray:
+    """float32 [E, rows of every shard]: each row's per-tensor weight factor (NVFP4's weight_scale_2, FP8's
+    weight_scale: one per shard, or one per expert of a stack; ones where the format has none), rows of each
+    expert in shard order. The one source of the row factors of the Triton stack and the tensor-core experts."""
+    _, factor = scale_names(shards[0].format)
+    experts = int(np.prod(shards[0].shape[: len(shards[0].shape) - 2]))
+    return np.concatenate(
+        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
+    )
+
+
 def row_factors(shards, act_mode: str, input_scale: float | None) -> np.ndarray:
     """float32 [rows of every shard (and expert)]: each row's per-tensor weight factor times a per-tensor
     activation scale the kernels leave out of the activations (what multiplies a row's dot products)."""
-    _, factor = scale_names(shards[0].format)
-    experts = int(np.prod(shards[0].shape[: len(shards[0].shape) - 2]))
-    col = np.concatenate(
-        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
-    )
+    col = weight_row_factors(shards)
     act_factor = activation_factor(act_mode, input_scale)
     return (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).numpy()
 

@@ -161,3 +161,15 @@ def cuda_reason(query: Query, *, triton: bool = False, kernels: bool = True) -> 
     if query.path == "reference":
         return "path='reference' was asked for"
     return (kernels and query.device.kernels) or (triton and query.device.triton) or ""
+
+
+def config_ranges(lo: int, hi: int, config_of) -> list[tuple[int, int, dict]]:
+    """Maximal runs of equal config_of(m) over m in lo..hi."""
+    out: list[tuple[int, int, dict]] = []
+    for m in range(lo, hi + 1):
+        config = config_of(m)
+        if out and out[-1][2] == config:
+            out[-1] = (out[-1][0], m, config)
+        else:
+            out.append((m, m, config))
+    return out

@@ -17,7 +17,7 @@ import torch
 
 from .. import mma_layout, mma_path, workspace
 from . import operands
-from .base import Backend, cuda_reason
+from .base import Backend, config_ranges, cuda_reason
 
 MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
@@ -63,8 +63,6 @@ class TensorCoreGemm(Backend):
         self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
 
     def configs(self, lo, hi):
-        from .triton_tiles import config_ranges
-
         q = self.query
         chunks = -(-q.k // mma_layout.chunk_k(q.format))
         slots = {mt: occupancy_slots(q, q.format, mt) for mt in mma_path.TOKEN_TILES}

@@ -1,6 +1,6 @@
 """The fused MoE on the tensor-core GEMM (b12x_kernels.mma_gemm, grouped; csrc/mma_gemm.cuh): the linear path's
-repacked layouts and decode functors driven by the expert-sorted block table (backends/triton_moe.py's routing),
-one launch per GEMM over every touched expert.
+repacked layouts and decode functors driven by the expert-sorted block table (b12x_core.moe_blocks), one launch
+per GEMM over every touched expert.
 
 - gate/up GEMM: token tile = one table block of 8·mt slots of one expert, input rows gathered (slot // top_k);
   gated SiLU's gate and up rows are interleaved at prepare time (mma_experts) so the epilogue writes
@@ -18,12 +18,11 @@ from __future__ import annotations
 import torch
 
 from .. import mma_experts, mma_layout, mma_path, workspace
+from ..moe_blocks import block_table, decode_kernels, table_maker
 from ..weights import mma_activation_factor
 from . import operands
-from .base import Backend, cuda_reason
+from .base import Backend, config_ranges, cuda_reason
 from .tensor_core import occupancy_slots
-from .triton_moe import block_table, decode_kernels
-from .triton_tiles import config_ranges
 
 MODES = ("bf16", "mxfp8", "nvfp4")
 
@@ -73,8 +72,6 @@ class TensorCoreMoE(Backend):
 
     def call_config(self, tokens: int) -> dict:
         """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
-        from b12x_kernels import moe_route
-
         shape = self.query.moe
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
@@ -89,7 +86,7 @@ class TensorCoreMoE(Backend):
             splits.append(mma_path.even_split(tiles, chunks, occupancy_slots(self.query, fmt, mt)))
         decode = getattr(self, "decode", None)
         decode = decode_kernels() if decode is None else decode
-        route = "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
+        route = table_maker(slots, decode)
         return {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
 
     def configs(self, lo, hi):
