@@ -171,3 +171,25 @@ def test_core_has_no_import_cycles():
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_backend_module_imports_another():
+    """Backends share code through shared modules (operands, moe_blocks, the kernel family folders), never by
+    importing a sibling backend: a new backend must not have to drag another one along."""
+    import inspect
+
+    from b12x_core.backends import Backend
+
+    graph = _core_import_graph()
+    backend_modules = set()
+    for name in graph:
+        if name.startswith("b12x_core.backends."):
+            module = importlib.import_module(name)
+            if any(
+                inspect.isclass(v) and issubclass(v, Backend) and v is not Backend and v.__module__ == name
+                for v in vars(module).values()
+            ):
+                backend_modules.add(name)
+    assert {"b12x_core.backends.reference", "b12x_core.backends.tensor_core"} <= backend_modules
+    borrowed = {(m, t) for m in backend_modules for t in graph[m] & backend_modules}
+    assert borrowed == set()

@@ -10,7 +10,8 @@ import pytest
 from mma_emulator import effective_weight
 
 import b12x_formats as bf
-from b12x_core import mma_layout
+from b12x_core.tensor_core import geometry
+from b12x_core.tensor_core import layout as mma_layout
 
 FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"]
 EXACT = {"FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4"}
@@ -28,7 +29,7 @@ def _weight(rng, fmt: str, n: int, k: int) -> bf.QuantizedWeight:
 
 def _shapes(fmt: str):
     km = _k_multiple(fmt)
-    ck = mma_layout.chunk_k(fmt)
+    ck = geometry.chunk_k(fmt)
     # smallest legal K, an odd multiple, a multiple of the chunk plus a tail; N odd and sub-tile
     return [(1, km), (17, 3 * km), (40, 2 * ck + km), (33, 5 * km)]
 
@@ -48,7 +49,7 @@ def test_layout_is_lossless(rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layout_is_no_larger_than_the_checkpoint_plus_padding(rng, fmt):
-    n, k = 64, 4 * mma_layout.chunk_k(fmt)  # no padding: exactly the checkpoint's bytes
+    n, k = 64, 4 * geometry.chunk_k(fmt)  # no padding: exactly the checkpoint's bytes
     qw = _weight(rng, fmt, n, k)
     mw = mma_layout.pack(qw)
     stored = sum(a.nbytes for a in (mw.codes, mw.meta, mw.meta2, mw.block_scale) if a is not None)

@@ -206,11 +206,11 @@ class DeviceWeights:
 
     @functools.cached_property
     def mma(self) -> list:
-        """The tensor-core GEMM's layout (mma_path.MmaShard per row shard; per-tensor activation scales of the
+        """The tensor-core GEMM's layout (tensor_core.gemm.MmaShard per row shard; per-tensor activation scales of the
         modes that leave them out of the activations are in each shard's alpha)."""
-        from . import mma_path
+        from .tensor_core import gemm
 
-        return mma_path.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
+        return gemm.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
 
     @functools.cached_property
     def row_factor(self) -> torch.Tensor:

@@ -23,19 +23,9 @@ import b12x_formats as bf
 from b12x_formats import kernel_facts, tables
 from b12x_formats.quantized import codec_for
 
+from .geometry import LANE_BYTES, QUAD, TILE_ROWS, chunk_k
+
 FORMATS = tuple(kernel_facts.FORMAT_IDS)  # every format has a layout here
-TILE_ROWS = 16
-LANE_BYTES = 16  # one 16-byte load per lane and row
-QUAD = 4  # lanes sharing a row
-
-
-def chunk_k(fmt: str) -> int:
-    """K weights per chunk: one 16-byte load per lane, four lanes per row."""
-    spec = bf.spec(fmt)
-    if spec.packing == "ggml":
-        return spec.group_size if spec.group_size >= 256 else QUAD * LANE_BYTES
-    bits = 4 if spec.bits_per_weight < 8 else 8
-    return QUAD * LANE_BYTES * 8 // bits
 
 
 @dataclass
