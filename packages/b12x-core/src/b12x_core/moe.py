@@ -24,15 +24,8 @@ from .linear import DEFAULT_MAX_TOKENS
 from .recipe import activation_mode, moe_act_format
 from .weights import DeviceWeights, as_shards, input_scale_of
 
-# Weight formats of fused MoE and the activation formats each runs with.
-MOE_FORMATS = {
-    "MXFP4": ("bf16", "mxfp8"),
-    "NVFP4": ("bf16", "nvfp4", "mxfp8"),
-    "W4A16_NVFP4": ("bf16",),
-    "IQ2_XS": ("bf16",),
-    "IQ2_XXS": ("bf16",),
-    "Q8_0": ("bf16",),
-}
+# Weight formats of fused MoE and the activation formats each runs with: a fact of each format (FormatSpec).
+MOE_FORMATS = {fmt: bf.spec(fmt).moe_activations for fmt in bf.FORMATS if bf.spec(fmt).moe_activations}
 ACTIVATIONS = ("silu", "relu2")
 W13_ORDERS = ("gate_up", "up_gate")
 

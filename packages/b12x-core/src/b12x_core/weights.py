@@ -70,11 +70,12 @@ def scale_names(fmt: str) -> tuple[str | None, str | None]:
 
 
 def grid_table(fmt: str, device) -> torch.Tensor | None:
-    """The IQ2 grid as llama.cpp's uint64 entries (int64 here), from b12x_formats; None for other formats."""
-    if not fmt.startswith("IQ2"):
+    """The IQ2 grid as llama.cpp's uint64 entries (int64 here), from the format's codec; None for formats without
+    a grid."""
+    grid = codec_for(fmt).grid
+    if grid is None:
         return None
-    grid = tables.iq2xxs_grid() if fmt == "IQ2_XXS" else tables.iq2xs_grid()
-    return torch.from_numpy(tables.iq2_grid_u64(grid).view(np.int64).copy()).to(device)
+    return torch.from_numpy(tables.iq2_grid_u64(grid()).view(np.int64).copy()).to(device)
 
 
 def _per_expert(t: dict, name: str | None, experts: int) -> np.ndarray:
@@ -137,8 +138,9 @@ def mma_activation_factor(act_mode: str, input_scale: float | None) -> float:
 
 
 def sign_table(fmt: str, device) -> torch.Tensor | None:
-    """IQ2's ksigns (uint8 [128]), from b12x_formats; None for other formats."""
-    return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if fmt.startswith("IQ2") else None
+    """IQ2's ksigns (uint8 [128]), from b12x_formats; None for other formats (the grid formats, IQ2, are the ones
+    whose sign bits index this table)."""
+    return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if codec_for(fmt).grid is not None else None
 
 
 def weight_row_factors(shards) -> np.ndarray:

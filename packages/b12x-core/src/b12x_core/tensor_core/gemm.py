@@ -12,6 +12,7 @@ import torch
 
 import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
+from b12x_formats.quantized import codec_for
 
 from . import layout
 from .geometry import output_tiles, token_tile, token_tiles
@@ -57,7 +58,7 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -
     tables = None
     for qw in shards:
         mw = layout.pack(qw)
-        if tables is None and mw.format.startswith("IQ2"):
+        if tables is None and codec_for(mw.format).grid is not None:  # IQ2: the kernel reads its grid
             tables = _upload(layout.iq2_tables(mw.format).view(np.int32), device)
         out.append(
             MmaShard(
