@@ -8,12 +8,14 @@ In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan.py) walk
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 Config = dict  # a backend's configuration of one plan row: plain values, printed by explain
+UNBOUNDED = sys.maxsize  # the last token of an op without max_tokens (embedding)
 
 
 @dataclass(frozen=True)
