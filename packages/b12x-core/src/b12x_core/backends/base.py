@@ -1,7 +1,7 @@
 """What every backend is: a class that says whether it can run a query (`can_implement`, with the reason), and
 once prepared, which configurations it runs over a token range and how it runs one call.
 
-In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan.py) walks the registry, asks each class
+In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan/) walks the registry, asks each class
 `can_implement(query)`, picks per token range from measured tables, then `prepare`s only the classes it picked.
 """
 
@@ -125,7 +125,7 @@ class Backend:
     warm: ClassVar[bool] = True  # run every plan row once at prepare (compiles kernels, initialises libraries)
     # The device layouts of the weight it can run from (weights.py DeviceWeights): "checkpoint" (the checkpoint's
     # bytes stacked along N, and views of them), "mma" (the tensor-core GEMM's repacked tiles). A plan keeps one
-    # copy of the weight: its backends share a layout they all read (plan.py one_copy).
+    # copy of the weight: its backends share a layout they all read (plan/copies.py one_copy).
     reads: ClassVar[tuple[str, ...]] = ("checkpoint",)
 
     def __init__(self, query: Query, weights):
