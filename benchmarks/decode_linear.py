@@ -61,7 +61,8 @@ def reuse_repacks() -> None:
     that the timed weights come from HBM, and each copy is still uploaded on its own)."""
     import numpy as np
 
-    from b12x_core import mma_experts, mma_layout
+    from b12x_core.tensor_core import experts as mma_experts
+    from b12x_core.tensor_core import layout as mma_layout
 
     def once(fn, key_of):
         done: dict = {}

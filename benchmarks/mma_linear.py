@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from decode_linear import copies_for, copy_bandwidth, time_graph
 
 import b12x_formats as bf
-from b12x_core import mma_layout, mma_path
+from b12x_core.tensor_core import gemm, geometry
+from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
@@ -30,9 +31,9 @@ FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
 
 
-def random_shard(fmt: str, n: int, k: int) -> mma_path.MmaShard:
+def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
     """Random valid codes and scales in the kernel's layout (E4M3 codes without NaN, scales near 1, IQ2 d=0.01)."""
-    ck = mma_layout.chunk_k(fmt)
+    ck = geometry.chunk_k(fmt)
     chunks, n16 = -(-k // ck), -(-n // 16)
     codes = torch.randint(0, 256, (n16 * chunks * 1024,), dtype=torch.uint8, device="cuda")
     spec = bf.spec(fmt)
@@ -57,11 +58,11 @@ def random_shard(fmt: str, n: int, k: int) -> mma_path.MmaShard:
             meta2 = torch.randint(0, 256, (rows * 8,), dtype=torch.uint8, device="cuda")
     elif fmt == "FP8_BLOCK":
         block_scale = torch.full((-(-n // 128), -(-k // 128)), 0.01, device="cuda")
-    return mma_path.MmaShard(fmt, format_id(fmt), 0, n, k, chunks, codes, meta, meta2, block_scale,
+    return gemm.MmaShard(fmt, format_id(fmt), 0, n, k, chunks, codes, meta, meta2, block_scale,
                              tables, 0.01)  # fmt: skip
 
 
-def shard_bytes(s: mma_path.MmaShard) -> int:
+def shard_bytes(s: gemm.MmaShard) -> int:
     return sum(t.numel() * t.element_size() for t in (s.codes, s.meta, s.meta2, s.block_scale) if t is not None)
 
 
@@ -117,26 +118,26 @@ def main() -> None:
 
             def timed(configs):
                 wss = [
-                    mma_path.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
+                    gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
                     for s, c in zip(one_layer, configs, strict=True)
                 ]
 
                 def layer(i):
                     for s, c, ws in zip(layers[i], configs, wss, strict=True):
-                        mma_path.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
+                        gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
 
                 return time_graph(layer, len(layers), args.replays)
 
-            mt = mma_path.token_tile(m)
+            mt = geometry.token_tile(m)
             results = []
             for rt in args.rts:
-                slots = mma_path.slots(fmt, mt, "cuda", rt)
-                defaults = [mma_path.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                slots = gemm.slots(fmt, mt, "cuda", rt)
+                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                 results.append((timed(defaults), f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)))
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = [mma_path.default_config(m, s.n, s.chunks, mma_path.slots(fmt, mt, "cuda")) for s in one_layer]
+                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda")) for s in one_layer]
                 for li, s in enumerate(one_layer):
-                    cands = [mma_path.MmaConfig(mt, sp, rt) for mt in mma_path.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
+                    cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
                              for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks for rt in args.rts]  # fmt: skip
                     timings = []
                     for c in cands:

@@ -11,7 +11,7 @@ import sys
 import torch
 from mma_linear import random_shard
 
-from b12x_core import mma_path
+from b12x_core.tensor_core import gemm
 
 CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1:4", "IQ2_XS:8192x28672:1:1:4",
          "Q8_0:8192x28672:1:1:4", "NVFP4:57344x8192:32:4:1"]  # fmt: skip
@@ -19,12 +19,12 @@ CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1
 for case in sys.argv[1:] or CASES:
     fmt, shape, m, mt, splits = case.split(":")
     n, k = map(int, shape.split("x"))
-    m, config = int(m), mma_path.MmaConfig(int(mt), int(splits))
+    m, config = int(m), gemm.MmaConfig(int(mt), int(splits))
     shard = random_shard(fmt, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    ws = mma_path.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
     for _ in range(2):
-        mma_path.run(x, [shard], y, None, config, ws, torch.cuda.current_stream().cuda_stream)
+        gemm.run(x, [shard], y, None, config, ws, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     print(case, "done", flush=True)

@@ -20,7 +20,7 @@ from decode_linear import random_weight, time_graph
 from moe import SHAPES
 
 import b12x_core as bc
-from b12x_core.backends.triton_moe import block_table
+from b12x_core.moe_blocks import block_table
 
 
 def profile_call(fn, calls: int = 5) -> list[tuple[str, float]]:

@@ -8,21 +8,22 @@ import torch
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import mma_layout, mma_path, plan
+from b12x_core import plan
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+from b12x_core.tensor_core import gemm, geometry
 from b12x_core.weights import DeviceWeights
 
 rng = np.random.default_rng(0)
 stream = torch.cuda.current_stream().cuda_stream
 for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):
-    n, k = 136, 5 * mma_layout.chunk_k(fmt) + (256 if fmt.startswith("IQ2") else 32)
-    shards = mma_path.prepare([bf.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)], "cuda")
+    n, k = 136, 5 * geometry.chunk_k(fmt) + (256 if fmt.startswith("IQ2") else 32)
+    shards = gemm.prepare([bf.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)], "cuda")
     for m in (1, 13, 40):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        for config in (mma_path.MmaConfig(1, 1), mma_path.MmaConfig(2, 3, 2), mma_path.MmaConfig(4, 6)):
-            ws = mma_path.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
-            mma_path.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
+        for config in (gemm.MmaConfig(1, 1), gemm.MmaConfig(2, 3, 2), gemm.MmaConfig(4, 6)):
+            ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+            gemm.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
 
 e, h = 8, 512
 for fmt in ("NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):

@@ -111,3 +111,85 @@ def test_layering_the_plugin_uses_only_public_names():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 assert node.attr in public[aliases[node.value.id]], (path, f"{node.value.id}.{node.attr}")
+
+
+CORE = ROOT / "packages/b12x-core/src"
+
+
+def _core_import_graph() -> dict[str, set[str]]:
+    """b12x_core module -> the b12x_core modules it imports, read statically (function-level imports included,
+    relative imports resolved). `from pkg import name` counts as importing `pkg.name` when that is a module, else
+    `pkg`; the parent packages Python runs on the way are left out (every module would meet `__init__`)."""
+    import ast
+
+    modules = {}
+    for path in (CORE / "b12x_core").rglob("*.py"):
+        parts = list(path.relative_to(CORE).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if package else parts)] = (path, package)
+    graph = {}
+    for name, (path, package) in modules.items():
+        here = name.split(".") if package else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                parts = here[: len(here) - node.level + 1] if node.level else []
+                base = ".".join(parts + ([node.module] if node.module else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` as a path [a, b, ..., a], or [] when there is none."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_core_has_no_import_cycles():
+    """Every b12x_core module imports only modules below it, so each can be read (and moved) on its own."""
+    assert _cycle(_core_import_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_backend_module_imports_another():
+    """Backends share code through shared modules (operands, moe_blocks, the kernel family folders), never by
+    importing a sibling backend: a new backend must not have to drag another one along."""
+    import inspect
+
+    from b12x_core.backends import Backend
+
+    graph = _core_import_graph()
+    backend_modules = set()
+    for name in graph:
+        if name.startswith("b12x_core.backends."):
+            module = importlib.import_module(name)
+            if any(
+                inspect.isclass(v) and issubclass(v, Backend) and v is not Backend and v.__module__ == name
+                for v in vars(module).values()
+            ):
+                backend_modules.add(name)
+    assert {"b12x_core.backends.reference", "b12x_core.backends.tensor_core"} <= backend_modules
+    borrowed = {(m, t) for m in backend_modules for t in graph[m] & backend_modules}
+    assert borrowed == set()

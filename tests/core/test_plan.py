@@ -196,8 +196,8 @@ def test_can_implement_says_why_not(name, q, reason):
 def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
     """Token tiles of 8/16/32 that hold the call (or tile it), K splits within the weight's chunks, and enough
     split-K tickets for the largest split call's output tiles."""
-    from b12x_core import mma_layout
     from b12x_core.backends.tensor_core import TensorCoreGemm
+    from b12x_core.tensor_core import geometry
 
     n, k = int(rng.integers(1, 400)) * 16, int(rng.integers(1, 64)) * 128
     q = query("NVFP4", "bf16", H200, max_tokens=300, n=n, k=k)
@@ -209,7 +209,7 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
         and ranges[-1][1] == 300
         and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     )
-    chunks = -(-k // mma_layout.chunk_k("NVFP4"))
+    chunks = -(-k // geometry.chunk_k("NVFP4"))
     for _, hi, config in ranges:
         assert config["tokens"] in (8, 16, 32) and (hi <= config["tokens"] or config["tokens"] == 32)
         assert 1 <= config["splits"] <= max(1, chunks // 4)

@@ -15,6 +15,7 @@ import torch
 import b12x_core as bc
 from b12x_core import plan
 from b12x_core.backends import DeviceInfo, MoEShape, Query
+from b12x_core.plan import choosing
 
 CUDA = torch.device("cuda", 0)
 
@@ -34,7 +35,7 @@ def no_extension(monkeypatch):
     monkeypatch.setitem(sys.modules, "b12x_kernels._build_info", info)
     monkeypatch.setattr(b12x_kernels, "_C", None)
     monkeypatch.setattr(b12x_kernels, "_IMPORT_ERROR", "No module named 'b12x_kernels._C'")
-    monkeypatch.setattr(plan, "_logged", set())
+    monkeypatch.setattr(choosing, "_logged", set())  # say the missing build again
     pytest.importorskip("triton")
 
 
@@ -62,7 +63,7 @@ def test_an_install_with_the_extension_says_nothing(monkeypatch, caplog):
     import b12x_kernels
 
     monkeypatch.setattr(b12x_kernels, "_C", object())
-    monkeypatch.setattr(plan, "_logged", set())
+    monkeypatch.setattr(choosing, "_logged", set())  # say the missing build again
     with caplog.at_level(logging.WARNING, logger="b12x_core"):
         plan.warn_if_not_built(Query("linear", "IQ2_XS", "bf16", "bf16", DeviceInfo(CUDA, (9, 0)), k=256, n=256))
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -80,9 +80,10 @@ def mma_decode_constants(name: str) -> tuple[dict, dict]:
     import numpy as np
 
     import b12x_formats as bf
-    from b12x_core import mma_layout
+    from b12x_core.tensor_core import geometry
+    from b12x_core.tensor_core import layout as mma_layout
 
-    kb = mma_layout.chunk_k(name)
+    kb = geometry.chunk_k(name)
     mw = mma_layout.pack(bf.quantize(np.ones((16, kb), np.float32), name))
     per_row = [0 if a is None else a.size // 16 for a in (mw.meta, mw.meta2)]
     e4m3 = "*fp8e4nv"

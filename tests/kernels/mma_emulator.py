@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from b12x_core import mma_layout
+from b12x_core.tensor_core import layout as mma_layout
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:

@@ -20,9 +20,11 @@ from closeness import close
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import crossover, mma_layout, plan, workspace
+from b12x_core import crossover, plan, workspace
 from b12x_core.backends import Backend, DeviceInfo, Query
 from b12x_core.backends.cublas import DecodeGemm
+from b12x_core.tensor_core import geometry
+from b12x_core.tensor_core import layout as mma_layout
 from b12x_core.weights import DeviceWeights
 
 pytest.importorskip("triton")
@@ -35,7 +37,7 @@ CPU = torch.device("cpu")
 
 def shards(rng, fmt: str, rows=(24, 40)) -> list[bf.QuantizedWeight]:
     """Row shards (a fused qkv / gate_up) with their own per-tensor scales; K with a tail past whole chunks."""
-    k = 2 * mma_layout.chunk_k(fmt) + bf.spec(fmt).k_multiple
+    k = 2 * geometry.chunk_k(fmt) + bf.spec(fmt).k_multiple
     out = []
     for n in rows:
         qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 10), fmt)
@@ -154,6 +156,6 @@ def test_explain_reports_one_copy_of_the_weight_when_the_layout_is_shared(rng):
         assert f"holds {held[layout] / 1024:.1f} KiB of weights on cpu" in p.explain("h")
     checkpoint = sum(np.asarray(t).nbytes for part in parts for t in part.tensors.values())
     k = parts[0].shape[1]
-    padded_k = -(-k // mma_layout.chunk_k("MXFP4")) * mma_layout.chunk_k("MXFP4")  # the layout pads K to a chunk
+    padded_k = -(-k // geometry.chunk_k("MXFP4")) * geometry.chunk_k("MXFP4")  # the layout pads K to a chunk
     assert checkpoint <= held["mma"] <= checkpoint * padded_k / k + 256 * 4 + 64  # + row factors, E2M1 fields
     assert checkpoint <= held[None] <= checkpoint + 256 * 4

@@ -14,7 +14,7 @@ from closeness import close
 from graphs import capture
 
 import b12x_formats as bf
-from b12x_core import mma_layout, mma_path
+from b12x_core.tensor_core import gemm, geometry
 
 pytestmark = pytest.mark.gpu
 FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"]
@@ -30,22 +30,22 @@ def _cuda():
 def _case(rng, fmt, n, k):
     w = rng.standard_normal((n, k)).astype(np.float32)
     qw = bf.quantize(w, fmt)
-    shards = mma_path.prepare([qw], "cuda")
+    shards = gemm.prepare([qw], "cuda")
     return torch.from_numpy(bf.dequantize(qw)).double(), shards
 
 
 def _run(x, shards, n, bias, config):
     m = x.shape[0]
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws = mma_path.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
-    mma_path.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
+    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+    gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
     assert int(ws.tickets.abs().sum()) == 0  # left ready for the next call
     return y
 
 
 def _shapes(fmt):
     km = math.lcm(bf.spec(fmt).k_multiple, 8)  # the kernel stages activations in 16-byte pieces
-    ck = mma_layout.chunk_k(fmt)
+    ck = geometry.chunk_k(fmt)
     return [(16, km), (200, 3 * km), (136, 7 * ck + km)]
 
 
@@ -58,24 +58,24 @@ def test_matches_the_oracle(rng, fmt):
             x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to("cuda", torch.bfloat16)
             ref = x.double().cpu() @ w64.T + bias.double().cpu()
             chunks = shards[0].chunks
-            for mt in mma_path.TOKEN_TILES:
+            for mt in geometry.TOKEN_TILES:
                 for rt in (1, 2):
                     for splits in sorted({1, min(3, chunks), chunks}):
-                        y = _run(x, shards, n, bias, mma_path.MmaConfig(mt, splits, rt))
+                        y = _run(x, shards, n, bias, gemm.MmaConfig(mt, splits, rt))
                         close(y, ref)
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, fmt):
-    n, k = 384, 8 * mma_layout.chunk_k(fmt)
+    n, k = 384, 8 * geometry.chunk_k(fmt)
     w64, shards = _case(rng, fmt, n, k)
-    config = mma_path.MmaConfig(2, 5, 2)
+    config = gemm.MmaConfig(2, 5, 2)
     x = torch.randn(13, k, device="cuda").to(torch.bfloat16)
     first = _run(x, shards, n, None, config)
     assert torch.equal(first, _run(x, shards, n, None, config))
     y = torch.empty(13, n, dtype=torch.bfloat16, device="cuda")
-    ws = mma_path.MmaWorkspace.create(13, n, config.splits, config.mt, "cuda")
-    graph, _ = capture(lambda: mma_path.run(x, shards, y, None, config, ws, torch.cuda.current_stream().cuda_stream))
+    ws = gemm.MmaWorkspace.create(13, n, config.splits, config.mt, "cuda")
+    graph, _ = capture(lambda: gemm.run(x, shards, y, None, config, ws, torch.cuda.current_stream().cuda_stream))
     for _ in range(3):
         x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
         y.fill_(float("nan"))
@@ -86,8 +86,8 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, fmt):
 
 def test_fused_shards_write_their_columns(rng):
     qws = [bf.quantize(rng.standard_normal((n, 256)).astype(np.float32), "NVFP4") for n in (48, 80)]
-    shards = mma_path.prepare(qws, "cuda")
+    shards = gemm.prepare(qws, "cuda")
     w64 = torch.cat([torch.from_numpy(bf.dequantize(q)).double() for q in qws])
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
-    y = _run(x, shards, 128, None, mma_path.MmaConfig(1, 2))
+    y = _run(x, shards, 128, None, gemm.MmaConfig(1, 2))
     close(y, x.double().cpu() @ w64.T)

@@ -10,7 +10,8 @@ import pytest
 from mma_emulator import effective_weight
 
 import b12x_formats as bf
-from b12x_core import mma_layout
+from b12x_core.tensor_core import geometry
+from b12x_core.tensor_core import layout as mma_layout
 
 FORMATS = ["FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"]
 EXACT = {"FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4"}
@@ -28,7 +29,7 @@ def _weight(rng, fmt: str, n: int, k: int) -> bf.QuantizedWeight:
 
 def _shapes(fmt: str):
     km = _k_multiple(fmt)
-    ck = mma_layout.chunk_k(fmt)
+    ck = geometry.chunk_k(fmt)
     # smallest legal K, an odd multiple, a multiple of the chunk plus a tail; N odd and sub-tile
     return [(1, km), (17, 3 * km), (40, 2 * ck + km), (33, 5 * km)]
 
@@ -48,7 +49,7 @@ def test_layout_is_lossless(rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layout_is_no_larger_than_the_checkpoint_plus_padding(rng, fmt):
-    n, k = 64, 4 * mma_layout.chunk_k(fmt)  # no padding: exactly the checkpoint's bytes
+    n, k = 64, 4 * geometry.chunk_k(fmt)  # no padding: exactly the checkpoint's bytes
     qw = _weight(rng, fmt, n, k)
     mw = mma_layout.pack(qw)
     stored = sum(a.nbytes for a in (mw.codes, mw.meta, mw.meta2, mw.block_scale) if a is not None)
@@ -84,3 +85,37 @@ def test_iq2_tables_decode_the_grid(rng):
         np.testing.assert_array_equal(values, grid)
         neg = (t[len(grid) :, None] >> (4 * np.arange(8) + 2)) & 1
         np.testing.assert_array_equal(neg, (tables.ksigns_iq2xs()[:, None] >> np.arange(8)) & 1)
+
+
+def _accepted_by_the_family() -> set[str]:
+    """Every format some backend reading the tensor-core layout (`reads` "mma") accepts on an H200."""
+    import torch
+
+    from b12x_core import backends
+    from b12x_core.backends import DeviceInfo, MoEShape, Query
+
+    h200 = DeviceInfo(torch.device("cuda", 0), (9, 0), sms=132, smem_kb=227)
+    accepted = set()
+    for fmt in bf.FORMATS:
+        for cls in backends.REGISTRY:
+            if "mma" not in cls.reads:
+                continue
+            moe = MoEShape(8, 256, 256, 2, "silu", "gate_up", "bf16", fmt) if cls.op == "moe" else None
+            if cls.can_implement(Query(cls.op, fmt, "bf16", "bf16", h200, n=256, k=256, max_tokens=16, moe=moe))[0]:
+                accepted.add(fmt)
+    return accepted
+
+
+def test_every_format_the_family_accepts_has_a_checked_repack_and_decode(rng):
+    """A format listed in kernel_facts.LAYOUTS is accepted by the tensor-core backends (layout.FORMATS); it must
+    also be one whose repack and lane decode this file checks (FORMATS), and pack and decode without error, or
+    adding a name to LAYOUTS alone would let a backend take a format no repack or decode handles."""
+    from b12x_formats.kernel_facts import SAME_LAYOUT
+
+    accepted = _accepted_by_the_family()
+    assert accepted >= set(mma_layout.FORMATS) - set(SAME_LAYOUT)  # the family takes every listed layout
+    assert {SAME_LAYOUT.get(fmt, fmt) for fmt in accepted} <= set(FORMATS)
+    for fmt in sorted(accepted):
+        mw = mma_layout.pack(_weight(rng, fmt, 16, _k_multiple(fmt)))
+        assert mma_layout.unpack(mw)["weight"].size
+        effective_weight(mw, mma_layout.iq2_tables(fmt) if fmt.startswith("IQ2") else None)

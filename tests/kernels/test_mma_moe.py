@@ -21,9 +21,11 @@ from mma_emulator import effective_weight
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import mma_experts, mma_layout, workspace
+from b12x_core import workspace
 from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+from b12x_core.tensor_core import experts as mma_experts
+from b12x_core.tensor_core import layout as mma_layout
 
 pytest.importorskip("triton")
 

@@ -26,8 +26,10 @@ pytest.importorskip("triton")
 from b12x_core import plan, workspace  # noqa: E402
 from b12x_core.activations import quantize_activation  # noqa: E402
 from b12x_core.backends import DeviceInfo  # noqa: E402
-from b12x_core.backends.triton_moe import TritonMoE, block_table, block_table_torch, call_config  # noqa: E402
-from b12x_core.moe import MOE_FORMATS, _expert_activation, moe_reference  # noqa: E402
+from b12x_core.backends.reference import expert_activation, moe_reference  # noqa: E402
+from b12x_core.backends.triton_moe import TritonMoE, call_config  # noqa: E402
+from b12x_core.moe import MOE_FORMATS  # noqa: E402
+from b12x_core.moe_blocks import block_table, block_table_torch  # noqa: E402
 from b12x_core.weights import DeviceWeights, as_shards  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
@@ -97,7 +99,7 @@ def quantizer_flips(x, weights, ids, p) -> torch.Tensor:
         tokens, slots = (ids == e).nonzero(as_tuple=True)
         if tokens.numel() == 0:
             continue
-        a32 = _expert_activation(xq[tokens] @ p.w13[e].T, p)
+        a32 = expert_activation(xq[tokens] @ p.w13[e].T, p)
         a = a32.to(torch.bfloat16).float()
         ulp = torch.ldexp(torch.ones_like(a), torch.frexp(a)[1] - 8)  # bf16: 8 significant bits
         near = ((a32 - a).abs() - ulp / 2).abs() <= 2e-5 * a32.abs()

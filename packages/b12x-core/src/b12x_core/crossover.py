@@ -1,7 +1,7 @@
 """The measured times the plan picks from: per (compute capability, format, activation mode, shape class), each
 backend's µs per call at a set of token counts (committed in crossover.json, written by
 `benchmarks/plan_check.py --emit-table` for linears and `benchmarks/moe.py --emit-table` for MoE layers). A GPU or
-key without measurements gets the conservative default plan (plan.py), which explain marks as such.
+key without measurements gets the conservative default plan (b12x_core.plan), which explain marks as such.
 
 A shape class is one measured layer shape, "NxK" (a MoE's: "2IxH" of its gate/up GEMM). Any other layer takes
 the class nearest to it in log size, |log2 N/N'| + |log2 K/K'| (speed ratios between backends follow a layer's

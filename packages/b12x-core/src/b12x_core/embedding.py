@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 
 import b12x_formats as bf
-from b12x_formats.kernel_facts import Q8_0_QS_OFFSET
 
 from . import _registry
 from . import plan as plans
@@ -61,13 +60,3 @@ def run_embedding(ids: torch.Tensor, emb: PreparedEmbedding) -> torch.Tensor:
     if ids.numel() == 0:
         return torch.empty(*ids.shape, emb.hidden, dtype=torch.bfloat16, device=ids.device)
     return emb.plan.for_tokens(ids.numel()).run(ids).reshape(*ids.shape, emb.hidden)
-
-
-def embedding_reference(ids: torch.Tensor, emb: PreparedEmbedding) -> torch.Tensor:
-    flat = ids.reshape(-1).to(torch.int64)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= emb.vocab):
-        raise ValueError(f"embedding ids must lie in [0, {emb.vocab}), got [{int(flat.min())}, {int(flat.max())}]")
-    rows = emb.blocks[flat]  # [T, H/group, block bytes]
-    d = rows[..., :Q8_0_QS_OFFSET].contiguous().view(torch.float16).to(torch.float32)  # [T, H/group, 1]
-    q = rows[..., Q8_0_QS_OFFSET:].contiguous().view(torch.int8).to(torch.float32)
-    return (d * q).reshape(flat.numel(), emb.hidden).to(torch.bfloat16)

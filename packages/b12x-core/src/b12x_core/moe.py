@@ -18,22 +18,14 @@ import b12x_formats as bf
 from . import _registry
 from . import plan as plans
 from ._checks import check_positive, check_tensor, check_tokens, refuse_during_capture, resolve_device
-from .activations import quantize_activation
 from .backends import DeviceInfo, MoEShape, Query
 from .errors import UnsupportedError
 from .linear import DEFAULT_MAX_TOKENS
 from .recipe import activation_mode, moe_act_format
 from .weights import DeviceWeights, as_shards, input_scale_of
 
-# Weight formats of fused MoE and the activation formats each runs with.
-MOE_FORMATS = {
-    "MXFP4": ("bf16", "mxfp8"),
-    "NVFP4": ("bf16", "nvfp4", "mxfp8"),
-    "W4A16_NVFP4": ("bf16",),
-    "IQ2_XS": ("bf16",),
-    "IQ2_XXS": ("bf16",),
-    "Q8_0": ("bf16",),
-}
+# Weight formats of fused MoE and the activation formats each runs with: a fact of each format (FormatSpec).
+MOE_FORMATS = {fmt: bf.spec(fmt).moe_activations for fmt in bf.FORMATS if bf.spec(fmt).moe_activations}
 ACTIVATIONS = ("silu", "relu2")
 W13_ORDERS = ("gate_up", "up_gate")
 
@@ -208,34 +200,6 @@ def run_moe(x, topk_weights, topk_ids, p: PreparedMoE) -> torch.Tensor:
     if x.shape[0] == 0:
         return torch.empty_like(x)
     return p.plan.for_tokens(x.shape[0]).run(x, topk_weights, topk_ids)
-
-
-def _expert_activation(h: torch.Tensor, shape) -> torch.Tensor:
-    """silu(gate) · up (halves in `shape.w13_order`) or relu(h)²; `shape`: a MoEShape or PreparedMoE."""
-    if shape.activation == "relu2":
-        return torch.relu(h).square()
-    first, second = h[:, : shape.intermediate], h[:, shape.intermediate :]
-    gate, up = (first, second) if shape.w13_order == "gate_up" else (second, first)
-    return torch.nn.functional.silu(gate) * up
-
-
-def moe_reference(x, topk_weights, topk_ids, query, w13, w2, input_scales) -> torch.Tensor:
-    """The exact reference: w13 / w2 float32 [E, ...] dequantized weights, `query` the op's (modes, shape)."""
-    shape = query.moe
-    ids = topk_ids.to(torch.int64)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= shape.experts):
-        raise ValueError(f"topk_ids must lie in [0, {shape.experts}), got [{int(ids.min())}, {int(ids.max())}]")
-    xq = quantize_activation(x, query.act_mode, input_scales[0])
-    y = torch.zeros(x.shape[0], shape.hidden, dtype=torch.float32, device=x.device)
-    for e in range(shape.experts):  # ascending expert order: a fixed summation order, so bit-reproducible
-        tokens, slots = (ids == e).nonzero(as_tuple=True)
-        if tokens.numel() == 0:
-            continue
-        h = xq[tokens] @ w13[e].T
-        a = _expert_activation(h, shape).to(torch.bfloat16)
-        out = quantize_activation(a, shape.act_mode_2, input_scales[1]) @ w2[e].T
-        y.index_add_(0, tokens, out * topk_weights[tokens, slots, None])
-    return y.to(torch.bfloat16)
 
 
 def shard_moe_weights(

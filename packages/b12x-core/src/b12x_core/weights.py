@@ -70,11 +70,12 @@ def scale_names(fmt: str) -> tuple[str | None, str | None]:
 
 
 def grid_table(fmt: str, device) -> torch.Tensor | None:
-    """The IQ2 grid as llama.cpp's uint64 entries (int64 here), from b12x_formats; None for other formats."""
-    if not fmt.startswith("IQ2"):
+    """The IQ2 grid as llama.cpp's uint64 entries (int64 here), from the format's codec; None for formats without
+    a grid."""
+    grid = codec_for(fmt).grid
+    if grid is None:
         return None
-    grid = tables.iq2xxs_grid() if fmt == "IQ2_XXS" else tables.iq2xs_grid()
-    return torch.from_numpy(tables.iq2_grid_u64(grid).view(np.int64).copy()).to(device)
+    return torch.from_numpy(tables.iq2_grid_u64(grid()).view(np.int64).copy()).to(device)
 
 
 def _per_expert(t: dict, name: str | None, experts: int) -> np.ndarray:
@@ -137,18 +138,26 @@ def mma_activation_factor(act_mode: str, input_scale: float | None) -> float:
 
 
 def sign_table(fmt: str, device) -> torch.Tensor | None:
-    """IQ2's ksigns (uint8 [128]), from b12x_formats; None for other formats."""
-    return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if fmt.startswith("IQ2") else None
+    """IQ2's ksigns (uint8 [128]), from b12x_formats; None for other formats (the grid formats, IQ2, are the ones
+    whose sign bits index this table)."""
+    return torch.from_numpy(tables.ksigns_iq2xs().copy()).to(device) if codec_for(fmt).grid is not None else None
+
+
+def weight_row_factors(shards) -> np.ndarray:
+    """float32 [E, rows of every shard]: each row's per-tensor weight factor (NVFP4's weight_scale_2, FP8's
+    weight_scale: one per shard, or one per expert of a stack; ones where the format has none), rows of each
+    expert in shard order. The one source of the row factors of the Triton stack and the tensor-core experts."""
+    _, factor = scale_names(shards[0].format)
+    experts = int(np.prod(shards[0].shape[: len(shards[0].shape) - 2]))
+    return np.concatenate(
+        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
+    )
 
 
 def row_factors(shards, act_mode: str, input_scale: float | None) -> np.ndarray:
     """float32 [rows of every shard (and expert)]: each row's per-tensor weight factor times a per-tensor
     activation scale the kernels leave out of the activations (what multiplies a row's dot products)."""
-    _, factor = scale_names(shards[0].format)
-    experts = int(np.prod(shards[0].shape[: len(shards[0].shape) - 2]))
-    col = np.concatenate(
-        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
-    )
+    col = weight_row_factors(shards)
     act_factor = activation_factor(act_mode, input_scale)
     return (torch.from_numpy(np.ascontiguousarray(col).reshape(-1)) * torch.tensor(act_factor)).numpy()
 
@@ -199,11 +208,11 @@ class DeviceWeights:
 
     @functools.cached_property
     def mma(self) -> list:
-        """The tensor-core GEMM's layout (mma_path.MmaShard per row shard; per-tensor activation scales of the
+        """The tensor-core GEMM's layout (tensor_core.gemm.MmaShard per row shard; per-tensor activation scales of the
         modes that leave them out of the activations are in each shard's alpha)."""
-        from . import mma_path
+        from .tensor_core import gemm
 
-        return mma_path.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
+        return gemm.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
 
     @functools.cached_property
     def row_factor(self) -> torch.Tensor:

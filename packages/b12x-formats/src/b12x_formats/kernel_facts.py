@@ -36,7 +36,7 @@ def _ggml_facts(name: str) -> list[tuple[str, int]]:
              (f"{name}_QS_OFFSET", codec.QS_OFFSET)]  # fmt: skip
     if hasattr(codec, "SCALES_OFFSET"):
         facts.append((f"{name}_SCALES_OFFSET", codec.SCALES_OFFSET))
-    if hasattr(codec, "grid"):
+    if codec.grid is not None:
         facts.append((f"{name}_GRID_ENTRIES", len(codec.grid())))
     return facts
 

@@ -41,6 +41,8 @@ class FormatSpec:
     packing: str | None = None  # "ggml" for raw GGML blocks
     aliases: tuple[str, ...] = field(default=())
     doc: str = ""
+    block_scale_code: str | None = None  # how `weight_scale` bytes encode a group's scale: "e8m0" (MX), "e4m3"
+    moe_activations: tuple[str, ...] = ()  # activation formats b12x's fused MoE runs this format's experts with
 
     @property
     def required_tensors(self) -> tuple[str, ...]:
@@ -56,6 +58,7 @@ class Codec:
 
     spec: ClassVar[FormatSpec]
     registry: ClassVar[dict[str, Codec]] = {}
+    grid: ClassVar = None  # formats on a codebook (IQ2): a function returning it (b12x_formats.tables)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -126,7 +126,7 @@ def mma_gemm(
     blocks: int = 0,
     top_k: int = 0,
 ) -> None:
-    """Tensor-core mixed-input GEMM over a weight in b12x_core.mma_layout's layout: y[m, :n] (row stride ldy)
+    """Tensor-core mixed-input GEMM over a weight in b12x_core.tensor_core.layout's layout: y[m, :n] (row stride ldy)
     = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt), `rt` (row tiles of 16 per warp) and `splits` (K
     splits) are the caller's choice.
 

@@ -1,12 +1,12 @@
-"""Decode a weight held in the tensor-core GEMM's layout (b12x_core.mma_layout: lane-ordered 1 KB tiles, row-blocked
-scale bytes) to bf16 [N, K], with the same values, operations and single rounding as tiles.dequantize_tiles on the
-checkpoint layout. So a plan that runs the tensor-core GEMM at small M and decode + cuBLAS at large M keeps one
-copy of the weight on the device (the repacked one) instead of two.
+"""Decode a weight held in the tensor-core GEMM's layout (b12x_core.tensor_core.layout: lane-ordered 1 KB tiles,
+row-blocked scale bytes) to bf16 [N, K], with the same values, operations and single rounding as
+tiles.dequantize_tiles on the checkpoint layout. So a plan that runs the tensor-core GEMM at small M and decode +
+cuBLAS at large M keeps one copy of the weight on the device (the repacked one) instead of two.
 
-Addressing (mma_layout.py): byte i (0..63) of row n's chunk c sits in tile (n // 16, c), half (n % 16) // 8, lane
-4·(n % 8) + i // 16, byte i % 16. Within a lane's bytes the codes are permuted per 32-bit word: e4m3 bytes
-[e0 e2 e1 e3]; E2M1 pair p's bits at `fields` (mma_layout.E2M1_FIELDS, passed in: one source); Q8_0 stored
-offset-binary (q + 128); IQ2 bytes unchanged (the GGML qs bytes, d in `meta`, IQ2_XS's scales in `meta2`).
+Addressing (b12x_core.tensor_core.layout): byte i (0..63) of row n's chunk c sits in tile (n // 16, c), half
+(n % 16) // 8, lane 4·(n % 8) + i // 16, byte i % 16. Within a lane's bytes the codes are permuted per 32-bit word:
+e4m3 bytes [e0 e2 e1 e3]; E2M1 pair p's bits at `fields` (tensor_core.layout.E2M1_FIELDS, passed in: one source);
+Q8_0 stored offset-binary (q + 128); IQ2 bytes unchanged (the GGML qs bytes, d in `meta`, IQ2_XS's scales in `meta2`).
 """
 
 from __future__ import annotations
@@ -124,10 +124,10 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
 
 def dequantize_mma(fmt: str, codes, meta, meta2, block_scale, grid_table, sign_table, fields, row_factor, out,
                    chunk_k: int, chunks: int) -> None:  # fmt: skip
-    """out [n, K] bf16 (row stride K, written) = the weight in mma_layout's layout, decoded as
+    """out [n, K] bf16 (row stride K, written) = the weight in tensor_core.layout's layout, decoded as
     tiles.dequantize_tiles decodes the checkpoint layout, times row_factor [n] (float32: per-tensor factors).
     meta / meta2 / block_scale / the IQ2 tables: None where the format has none; fields: int32 [16]
-    (mma_layout.E2M1_FIELDS) for the FP4 formats."""
+    (tensor_core.layout.E2M1_FIELDS) for the FP4 formats."""
     if fmt not in FORMAT_IDS:
         raise ValueError(f"dequantize_mma: unknown format {fmt!r}; known {tuple(FORMAT_IDS)}")
     n, k = out.shape

@@ -15,7 +15,7 @@ _CHUNK = 32
 def _moe_route(ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, SLOTS, E, MOST, BM,
                EB: tl.constexpr, CH: tl.constexpr):  # fmt: skip
     """One program. ids [SLOTS] -> order [SLOTS] (slot at each sorted position) and, per block b < MOST, its
-    expert (−1: idle), first sorted position and row count (as b12x_core.backends.triton_moe.block_table)."""
+    expert (−1: idle), first sorted position and row count (as b12x_core.moe_blocks.block_table)."""
     experts = tl.arange(0, EB)
     counts = tl.zeros((EB,), tl.int32)
     for c0 in range(0, SLOTS, CH):

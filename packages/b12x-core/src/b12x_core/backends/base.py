@@ -1,19 +1,21 @@
 """What every backend is: a class that says whether it can run a query (`can_implement`, with the reason), and
 once prepared, which configurations it runs over a token range and how it runs one call.
 
-In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan.py) walks the registry, asks each class
+In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan/) walks the registry, asks each class
 `can_implement(query)`, picks per token range from measured tables, then `prepare`s only the classes it picked.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 Config = dict  # a backend's configuration of one plan row: plain values, printed by explain
+UNBOUNDED = sys.maxsize  # the last token of an op without max_tokens (embedding)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Backend:
     warm: ClassVar[bool] = True  # run every plan row once at prepare (compiles kernels, initialises libraries)
     # The device layouts of the weight it can run from (weights.py DeviceWeights): "checkpoint" (the checkpoint's
     # bytes stacked along N, and views of them), "mma" (the tensor-core GEMM's repacked tiles). A plan keeps one
-    # copy of the weight: its backends share a layout they all read (plan.py one_copy).
+    # copy of the weight: its backends share a layout they all read (plan/copies.py one_copy).
     reads: ClassVar[tuple[str, ...]] = ("checkpoint",)
 
     def __init__(self, query: Query, weights):
@@ -161,3 +163,15 @@ def cuda_reason(query: Query, *, triton: bool = False, kernels: bool = True) -> 
     if query.path == "reference":
         return "path='reference' was asked for"
     return (kernels and query.device.kernels) or (triton and query.device.triton) or ""
+
+
+def config_ranges(lo: int, hi: int, config_of) -> list[tuple[int, int, dict]]:
+    """Maximal runs of equal config_of(m) over m in lo..hi."""
+    out: list[tuple[int, int, dict]] = []
+    for m in range(lo, hi + 1):
+        config = config_of(m)
+        if out and out[-1][2] == config:
+            out[-1] = (out[-1][0], m, config)
+        else:
+            out.append((m, m, config))
+    return out

@@ -18,7 +18,8 @@ import torch
 
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
-from .. import mma_layout, workspace
+from .. import workspace
+from ..tensor_core import geometry, layout
 from ..weights import grid_table, sign_table
 from . import operands
 from .base import Backend, cuda_reason
@@ -59,7 +60,7 @@ class DecodeGemm(Backend):
         if self.from_mma:
             self.shards, self.row_factor = weights.mma, weights.row_factor
             device = query.device.device
-            fields = np.asarray(mma_layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)
+            fields = np.asarray(layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)
             self.fields = torch.from_numpy(fields).to(device)
             self.grid, self.signs = grid_table(query.format, device), sign_table(query.format, device)
         else:
@@ -95,7 +96,7 @@ class DecodeGemm(Backend):
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
             mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
-                                      self.fields, self.row_factor[rows], w[rows], mma_layout.chunk_k(s.format),
+                                      self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
                                       s.chunks)  # fmt: skip
 
 

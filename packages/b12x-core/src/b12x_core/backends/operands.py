@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from .. import workspace
-from ..weights import TENSOR_ACTIVATION_SCALE
 
 FP8_MODES = ("fp8_static", "fp8_token", "fp8_group128")
 
@@ -72,8 +71,3 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
         return values, scale
     global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
     return act_quant.quantize_activation(x2, act_mode, values, global_scale), None
-
-
-def folds_tensor_scale(act_mode: str) -> bool:
-    """Whether the mode's per-tensor activation scale is folded into the weight's factors."""
-    return act_mode in TENSOR_ACTIVATION_SCALE

@@ -1,5 +1,5 @@
 """The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm, csrc/mma_gemm.cuh), Marlin class: the weight repacked
-once into lane-ordered 1 KB tiles (b12x_core.mma_layout, lossless), streamed through a per-warp cp.async ring,
+once into lane-ordered 1 KB tiles (b12x_core.tensor_core.layout, lossless), streamed through a per-warp cp.async ring,
 decoded in registers straight into bf16 MMA fragments (`mma.sync.m16n8k16`, fp32 accumulation), K split across
 CTAs with a deterministic in-order reduction so that a few tokens fill every SM.
 
@@ -7,7 +7,7 @@ Every format; activation modes whose operand bf16 holds exactly (bf16, mxfp8, nv
 shard factor, static fp8 with its scale there too). Per-token fp8 scales need the GEMV or cuBLASLt.
 
 Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
-the K split whose CTAs fill the GPU in the most even waves (mma_path.default_config, from the kernel's occupancy
+the K split whose CTAs fill the GPU in the most even waves (tensor_core.gemm.default_config, from the kernel's occupancy
 on this device).
 """
 
@@ -15,24 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import mma_layout, mma_path, workspace
+from .. import workspace
+from ..tensor_core import gemm, geometry, layout
 from . import operands
-from .base import Backend, cuda_reason
+from .base import Backend, config_ranges, cuda_reason
 
 MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
-CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
-
-
-def occupancy_slots(query, fmt: str, mt: int) -> int:
-    """CTAs of the tensor-core GEMM (format, token tile of 8·mt) that run at once on the query's device: SMs ×
-    CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess."""
-    blocks = CONSERVATIVE_BLOCKS_PER_SM
-    if query.on_cuda and not query.device.kernels:
-        import b12x_kernels
-        from b12x_formats.kernel_facts import format_id
-
-        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
-    return query.device.sms * blocks
 
 
 class TensorCoreGemm(Backend):
@@ -43,7 +31,7 @@ class TensorCoreGemm(Backend):
 
     @classmethod
     def can_implement(cls, q):
-        if q.format not in mma_layout.FORMATS:
+        if q.format not in layout.FORMATS:
             return False, f"has no layout for {q.format}"
         if q.act_mode not in MODES:
             return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
@@ -63,20 +51,18 @@ class TensorCoreGemm(Backend):
         self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
 
     def configs(self, lo, hi):
-        from .triton_tiles import config_ranges
-
         q = self.query
-        chunks = -(-q.k // mma_layout.chunk_k(q.format))
-        slots = {mt: occupancy_slots(q, q.format, mt) for mt in mma_path.TOKEN_TILES}
+        chunks = -(-q.k // geometry.chunk_k(q.format))
+        slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
 
         def config_of(m: int) -> dict:
-            c = mma_path.default_config(m, q.n, chunks, slots[mma_path.token_tile(m)])
+            c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)])
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
         ranges = config_ranges(lo, hi, config_of)
         for _, last, config in ranges:  # one ticket per output tile of the largest split call
             if config["splits"] > 1:
-                tiles = -(-last // config["tokens"]) * -(-q.n // mma_path.ROWS_PER_CTA)
+                tiles = geometry.output_tiles(geometry.token_tiles(last, config["tokens"] // 8), q.n)
                 self.tickets_needed = max(self.tickets_needed, tiles)
         return ranges
 
@@ -102,7 +88,7 @@ class TensorCoreGemm(Backend):
             bias = bias.to(torch.bfloat16)
         tickets = workspace.tickets(x2.device, self.tickets_needed)
         partials = carved[-1] if config["splits"] > 1 else tickets.view(torch.float32)  # unread without splits
-        ws = mma_path.MmaWorkspace(partials, tickets)
-        mc = mma_path.MmaConfig(config["tokens"] // 8, config["splits"])
-        mma_path.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
+        ws = gemm.MmaWorkspace(partials, tickets)
+        mc = gemm.MmaConfig(config["tokens"] // 8, config["splits"])
+        gemm.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
         return y

@@ -1,9 +1,9 @@
 """The fused MoE on the tensor-core GEMM (b12x_kernels.mma_gemm, grouped; csrc/mma_gemm.cuh): the linear path's
-repacked layouts and decode functors driven by the expert-sorted block table (backends/triton_moe.py's routing),
-one launch per GEMM over every touched expert.
+repacked layouts and decode functors driven by the expert-sorted block table (b12x_core.moe_blocks), one launch
+per GEMM over every touched expert.
 
 - gate/up GEMM: token tile = one table block of 8·mt slots of one expert, input rows gathered (slot // top_k);
-  gated SiLU's gate and up rows are interleaved at prepare time (mma_experts) so the epilogue writes
+  gated SiLU's gate and up rows are interleaved at prepare time (tensor_core.experts) so the epilogue writes
   silu(gate)·up, ReLU² likewise; K split for decode-sized calls with the in-order ticket reduction.
 - down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
   and each token's top-k rows in order: deterministic, no atomics on data.
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import mma_experts, mma_layout, mma_path, workspace
+from .. import workspace
+from ..moe_blocks import block_table, decode_kernels, table_maker
+from ..tensor_core import experts, gemm, geometry, layout
 from ..weights import mma_activation_factor
 from . import operands
-from .base import Backend, cuda_reason
-from .tensor_core import occupancy_slots
-from .triton_moe import block_table, decode_kernels
-from .triton_tiles import config_ranges
+from .base import Backend, config_ranges, cuda_reason
 
 MODES = ("bf16", "mxfp8", "nvfp4")
 
@@ -34,14 +33,14 @@ def _rows13(shape) -> int:
 
 class TensorCoreMoE(Backend):
     name, op = "tensor_core_moe", "moe"
-    reads = ("mma",)  # its own expert stack (mma_experts), not the checkpoint layout the Triton MoE reads
+    reads = ("mma",)  # its own expert stack (tensor_core.experts), not the checkpoint layout the Triton MoE reads
     tickets_needed = 1
 
     @classmethod
     def can_implement(cls, q):
         shape = q.moe
         for fmt in (q.format, shape.w2_format):
-            if fmt not in mma_layout.FORMATS:
+            if fmt not in layout.FORMATS:
                 return False, f"has no layout for {fmt}"
         for mode in (q.act_mode, shape.act_mode_2):
             if mode not in MODES:
@@ -64,32 +63,30 @@ class TensorCoreMoE(Backend):
         w13, w2 = weights
         order = None
         if shape.activation == "silu":
-            order = mma_experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
+            order = experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
         device = query.device.device
-        self.w13 = mma_experts.prepare(w13.shards, device, mma_activation_factor(query.act_mode, w13.input_scale),
+        self.w13 = experts.prepare(w13.shards, device, mma_activation_factor(query.act_mode, w13.input_scale),
                                        order)  # fmt: skip
-        self.w2 = mma_experts.prepare(w2.shards, device, mma_activation_factor(shape.act_mode_2, w2.input_scale))
+        self.w2 = experts.prepare(w2.shards, device, mma_activation_factor(shape.act_mode_2, w2.input_scale))
         self.input_scales = (w13.input_scale, w2.input_scale)
 
     def call_config(self, tokens: int) -> dict:
         """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
-        from b12x_kernels import moe_route
-
         shape = self.query.moe
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
         per_expert = -(-slots // touched)
-        mt = mma_path.token_tile(per_expert)
-        busy_blocks = touched * -(-per_expert // (8 * mt))  # routing spread evenly: what a call can expect
+        mt = geometry.token_tile(per_expert)
+        busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
         splits = []
         for fmt, n, k in ((self.query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
                                                                              shape.intermediate)):  # fmt: skip
-            tiles = busy_blocks * -(-n // mma_path.ROWS_PER_CTA)
-            chunks = -(-k // mma_layout.chunk_k(fmt))
-            splits.append(mma_path.even_split(tiles, chunks, occupancy_slots(self.query, fmt, mt)))
+            tiles = geometry.output_tiles(busy_blocks, n)
+            chunks = -(-k // geometry.chunk_k(fmt))
+            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(self.query, fmt, mt)))
         decode = getattr(self, "decode", None)
         decode = decode_kernels() if decode is None else decode
-        route = "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
+        route = table_maker(slots, decode)
         return {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
 
     def configs(self, lo, hi):
@@ -97,7 +94,7 @@ class TensorCoreMoE(Backend):
         ranges = config_ranges(lo, hi, self.call_config)
         for _, last, config in ranges:  # gate/up split-K tickets: one per (table block, 128-row tile)
             if config["splits"][0] > 1:
-                tiles = self._table_blocks(last, config) * -(-_rows13(shape) // mma_path.ROWS_PER_CTA)
+                tiles = geometry.output_tiles(self._table_blocks(last, config), _rows13(shape))
                 self.tickets_needed = max(self.tickets_needed, tiles)
         return ranges
 
@@ -144,13 +141,13 @@ class TensorCoreMoE(Backend):
         s_in13, s_in2 = self.input_scales
 
         x_in, _ = operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)
-        ws13 = mma_path.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
-        mma_path.launch(self.w13.shard, x_in.contiguous(), inter, shape.intermediate, slots,
-                        mma_path.MmaConfig(mt, s13), ws13, stream, epilogue=shape.activation,
+        ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
+        gemm.launch(self.w13.shard, x_in.contiguous(), inter, shape.intermediate, slots,
+                        gemm.MmaConfig(mt, s13), ws13, stream, epilogue=shape.activation,
                         row_scale=self.w13.row_scale.data_ptr(), top_k=k, **table)  # fmt: skip
         inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
-        mma_path.launch(self.w2.shard, inter_in.contiguous(), None, 0, slots, mma_path.MmaConfig(mt, s2),
-                        mma_path.MmaWorkspace(out, tickets), stream, epilogue="f32",
+        gemm.launch(self.w2.shard, inter_in.contiguous(), None, 0, slots, gemm.MmaConfig(mt, s2),
+                        gemm.MmaWorkspace(out, tickets), stream, epilogue="f32",
                         row_scale=self.w2.row_scale.data_ptr(), top_k=0, **table)  # fmt: skip
         y = torch.empty(t, shape.hidden, dtype=torch.bfloat16, device=x.device)
         return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)

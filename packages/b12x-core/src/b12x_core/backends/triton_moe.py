@@ -15,21 +15,14 @@ off the routing kernel and split-K: an escape hatch, same results.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import workspace
+from ..moe_blocks import block_table, decode_kernels, table_maker
 from . import operands
-from .base import Backend, DeviceInfo, MoEShape, cuda_reason
-from .triton_tiles import config_ranges
+from .base import Backend, DeviceInfo, MoEShape, config_ranges, cuda_reason
 
 SPLIT_PROGRAMS_PER_SM = 8  # split K until each SM has about this many programs
-
-
-def decode_kernels() -> bool:
-    """B12X_MOE_DECODE_KERNELS=0 turns off the routing kernel and split-K (read at plan construction)."""
-    return os.environ.get("B12X_MOE_DECODE_KERNELS", "1") != "0"
 
 
 def tile_config(rows_per_expert: float, act: str, smem_kb: int) -> dict:
@@ -62,14 +55,12 @@ def k_split(shape: MoEShape, device: DeviceInfo, tokens: int, cfg: dict, n: int,
 def call_config(shape: MoEShape, device: DeviceInfo, tokens: int, decode: bool = True) -> dict:
     """Everything a call of `tokens` tokens runs with: both GEMMs' tiles (one block_m: they share the block
     table), their K splits, and the routing table's maker (`decode`: B12X_MOE_DECODE_KERNELS)."""
-    from b12x_kernels import moe_route
-
     per_expert = tokens * shape.top_k / shape.experts
     first = tile_config(per_expert, shape.activation, device.smem_kb)
     second = tile_config(per_expert, "none", device.smem_kb)
     split13 = k_split(shape, device, tokens, first, shape.intermediate, shape.hidden, decode)
     split2 = k_split(shape, device, tokens, second, shape.hidden, shape.intermediate, decode)
-    route = "kernel" if decode and tokens * shape.top_k <= moe_route.MAX_SLOTS else "torch"
+    route = table_maker(tokens * shape.top_k, decode)
     return {"gate_up": first, "down": second, "k_split": (split13, split2), "route": route}
 
 
@@ -88,40 +79,6 @@ def scratch_specs(shape: MoEShape, tokens: int, config: dict) -> list:
     return [((tokens, shape.hidden), torch.bfloat16), (partial13, torch.float32),
             ((slots, shape.intermediate), torch.bfloat16), ((slots, shape.intermediate), torch.bfloat16),
             ((splits2, slots, shape.hidden), torch.float32)]  # fmt: skip
-
-
-def block_table(ids: torch.Tensor, experts: int, rows_per_block: int, route: str = "kernel"):
-    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device:
-    one Triton launch (route "kernel", up to moe_route.MAX_SLOTS slots) or torch ops (a parallel sort)."""
-    from b12x_kernels import moe_route
-
-    if route == "torch":
-        return block_table_torch(ids, experts, rows_per_block)
-    most = -(-ids.numel() // rows_per_block) + experts
-    order = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
-    block_expert, start, rows = torch.empty(3, most, dtype=torch.int32, device=ids.device).unbind(0)
-    moe_route.moe_route(ids.contiguous(), experts, rows_per_block, order, block_expert, start, rows)
-    return order, block_expert, start, rows
-
-
-def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
-    """block_table in torch ops (any size)."""
-    flat = ids.reshape(-1).to(torch.int64)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would synchronise to size its output
-    blocks = (counts + rows_per_block - 1) // rows_per_block
-    block_end = torch.cumsum(blocks, 0)
-    most = -(-flat.numel() // rows_per_block) + experts
-    b = torch.arange(most, device=ids.device)
-    expert = torch.searchsorted(block_end, b, right=True)
-    valid = expert < experts
-    e = expert.clamp(max=experts - 1)
-    local = b - (block_end - blocks)[e]
-    start = (torch.cumsum(counts, 0) - counts)[e] + local * rows_per_block
-    rows = (counts[e] - local * rows_per_block).clamp(0, rows_per_block)
-    block_expert = torch.where(valid, e, torch.full_like(e, -1))
-    return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
 class TritonMoE(Backend):

@@ -12,7 +12,7 @@ import torch
 
 from .. import workspace
 from . import operands
-from .base import Backend, cuda_reason
+from .base import Backend, config_ranges, cuda_reason
 
 WAVES_PROGRAMS = 264  # about two waves on a 132-SM part: narrower column tiles below this many programs
 
@@ -26,18 +26,6 @@ def tile_config(m: int, n: int) -> dict:
     warps = 8 if block_m == 128 and block_n == 128 else 4
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8, "num_warps": warps,
             "num_stages": 3 if block_m * block_n >= 128 * 128 else 4}  # fmt: skip
-
-
-def config_ranges(lo: int, hi: int, config_of) -> list[tuple[int, int, dict]]:
-    """Maximal runs of equal config_of(m) over m in lo..hi."""
-    out: list[tuple[int, int, dict]] = []
-    for m in range(lo, hi + 1):
-        config = config_of(m)
-        if out and out[-1][2] == config:
-            out[-1] = (out[-1][0], m, config)
-        else:
-            out.append((m, m, config))
-    return out
 
 
 class TritonTiles(Backend):

@@ -58,6 +58,7 @@ def _ggml_spec(name: str, group: int, nbytes: int, doc: str) -> FormatSpec:
         activations=("bf16",),
         packing="ggml",
         doc=doc,
+        moe_activations=("bf16",),
     )
 
 

@@ -61,6 +61,7 @@ class MXFP8(Codec):
         ),
         activations=("bf16", "mxfp8"),
         doc="w = e4m3 * 2^(s - 127)",
+        block_scale_code="e8m0",
     )
 
     def logical_nk(self, weight_shape):
@@ -96,6 +97,8 @@ class MXFP4(Codec):
         ),
         activations=("bf16", "mxfp8"),
         doc="w = e2m1 * 2^(s - 127)",
+        block_scale_code="e8m0",
+        moe_activations=("bf16", "mxfp8"),
     )
 
     def logical_nk(self, weight_shape):

@@ -41,6 +41,8 @@ class NVFP4(Codec):
         ),
         activations=("bf16", "nvfp4", "mxfp8"),
         doc="w = e2m1 * weight_scale[n, k // 16] * weight_scale_2",
+        block_scale_code="e4m3",
+        moe_activations=("bf16", "nvfp4", "mxfp8"),
     )
 
     def logical_nk(self, weight_shape):
@@ -91,4 +93,6 @@ class W4A16NVFP4(NVFP4):
         tensors=NVFP4.spec.tensors,
         activations=("bf16",),
         doc=NVFP4.spec.doc + " (weight-only: activations stay bf16)",
+        block_scale_code="e4m3",
+        moe_activations=("bf16",),
     )

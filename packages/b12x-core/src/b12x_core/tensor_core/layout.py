@@ -23,19 +23,9 @@ import b12x_formats as bf
 from b12x_formats import kernel_facts, tables
 from b12x_formats.quantized import codec_for
 
+from .geometry import LANE_BYTES, QUAD, TILE_ROWS, chunk_k
+
 FORMATS = tuple(kernel_facts.FORMAT_IDS)  # every format has a layout here
-TILE_ROWS = 16
-LANE_BYTES = 16  # one 16-byte load per lane and row
-QUAD = 4  # lanes sharing a row
-
-
-def chunk_k(fmt: str) -> int:
-    """K weights per chunk: one 16-byte load per lane, four lanes per row."""
-    spec = bf.spec(fmt)
-    if spec.packing == "ggml":
-        return spec.group_size if spec.group_size >= 256 else QUAD * LANE_BYTES
-    bits = 4 if spec.bits_per_weight < 8 else 8
-    return QUAD * LANE_BYTES * 8 // bits
 
 
 @dataclass
@@ -168,10 +158,10 @@ def pack(qw: bf.QuantizedWeight) -> MmaWeight:
     else:
         codes = np.ascontiguousarray(t["weight"]).view(np.uint8).reshape(n, -1)
         codes = _permute_words(_pad(codes, n, chunks * QUAD * LANE_BYTES), spec.name)
-        if spec.name in ("MXFP8", "MXFP4", "NVFP4", "W4A16_NVFP4"):
+        if spec.block_scale_code is not None:  # MX and NVFP4: one scale byte per group
             scales = np.ascontiguousarray(t["weight_scale"]).view(np.uint8).reshape(n, -1)
             per_chunk = ck // spec.group_size
-            pad_value = 127 if spec.name.startswith("MX") else 0  # E8M0 1.0 / E4M3 0 under zero codes
+            pad_value = 127 if spec.block_scale_code == "e8m0" else 0  # E8M0 1.0 / E4M3 0 under zero codes
             scales = _pad(scales, n, chunks * per_chunk, pad_value).reshape(n, chunks, per_chunk)
             meta = _rows_blocked(scales, chunks, pad_value)
         if spec.name == "FP8_BLOCK":
@@ -199,7 +189,7 @@ def _decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
     if fmt in ("FP8", "FP8_BLOCK"):
         return 2.0**bias, 1.0
     scales = np.ascontiguousarray(tensors["weight_scale"]).view(np.uint8)
-    if fmt.startswith("MX"):
+    if bf.spec(fmt).block_scale_code == "e8m0":
         top = int(scales.max()) - 127  # E8M0: 2^(b-127)
     else:
         top = int(np.ceil(np.log2(max(float(scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32).max()), 2**-9))))
@@ -236,8 +226,7 @@ def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:
 def iq2_tables(fmt: str) -> np.ndarray:
     """uint32 [grid entries + 128]: each grid entry's 8 values as nibble codes (8 -> 0, 25 -> 1, 43 -> 2),
     then each 7-bit sign index's 8 signs as bit 2 of each nibble (the kernel ORs the two into PRMT selectors)."""
-    grid = tables.iq2xxs_grid() if fmt == "IQ2_XXS" else tables.iq2xs_grid()
-    grid = np.asarray(grid, dtype=np.uint8).reshape(-1, 8)
+    grid = np.asarray(codec_for(fmt).grid(), dtype=np.uint8).reshape(-1, 8)
     values = np.unique(grid)
     if values.tolist() != [8, 25, 43]:
         raise AssertionError(f"unexpected IQ2 grid values {values.tolist()}")

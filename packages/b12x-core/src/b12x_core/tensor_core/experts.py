@@ -1,5 +1,5 @@
 """An MoE's expert stack in the tensor-core GEMM's layout (b12x_kernels.mma_gemm, grouped): every expert's rows
-of every shard stacked into one [E·R, K] weight, repacked once by mma_layout (lossless), with each row's
+of every shard stacked into one [E·R, K] weight, repacked once by tensor_core.layout (lossless), with each row's
 per-tensor factor (NVFP4's per-expert weight_scale_2, a static activation scale) moved into a float32 row
 factor, so experts and shards with different per-tensor scales share one launch.
 
@@ -17,8 +17,8 @@ import torch
 
 import b12x_formats as bf
 
-from . import mma_path
-from .weights import _per_expert, scale_names
+from ..weights import scale_names, weight_row_factors
+from . import gemm
 
 GATE_UP_ROWS = 8  # rows of gate, then of up, per 16-row tile
 
@@ -38,7 +38,7 @@ class MmaExperts:
     """The stacked experts on the device: one MmaShard whose `n` is the rows of one expert (the grouped GEMM's
     N; its codes hold every expert), and the row factors."""
 
-    shard: mma_path.MmaShard
+    shard: gemm.MmaShard
     row_scale: torch.Tensor  # float32 [E·rows]: per-tensor factors × act factor × the layout's alpha
 
 
@@ -62,16 +62,14 @@ def stack_rows(shards: list[bf.QuantizedWeight], order: np.ndarray | None = None
         tensors[block] = stacked(block)
     if factor is not None and factor in shards[0].tensors:  # moved into the row factors
         tensors[factor] = np.ones((), np.float32)
-    factors = np.concatenate(
-        [np.repeat(_per_expert(p.tensors, factor, experts)[:, None], p.shape[-2], axis=1) for p in shards], axis=1
-    )[:, perm]
+    factors = weight_row_factors(shards)[:, perm]
     return bf.QuantizedWeight(fmt, (experts * rows, k), tensors), factors.reshape(-1).astype(np.float32)
 
 
 def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, order=None) -> MmaExperts:
     """Stack, repack and upload an expert weight (see stack_rows); `act_factor` joins every row's factor."""
     whole, factors = stack_rows(shards, order)
-    (shard,) = mma_path.prepare([whole], device)
+    (shard,) = gemm.prepare([whole], device)
     row_scale = factors * np.float32(act_factor) * np.float32(shard.alpha)
     shard.alpha = 1.0  # carried per row
     shard.n = whole.shape[0] // int(np.prod(shards[0].shape[:-2]))  # the grouped GEMM's N: one expert's rows

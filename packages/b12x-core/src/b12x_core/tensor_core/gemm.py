@@ -1,5 +1,5 @@
 """The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) as a linear path: weights repacked once by
-mma_layout, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
+tensor_core.layout, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
 carry their own per-tensor scales). Its configuration (token tile, K splits) is an argument: the caller chooses.
 """
 
@@ -12,11 +12,11 @@ import torch
 
 import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
+from b12x_formats.quantized import codec_for
 
-from . import mma_layout
+from . import layout
+from .geometry import output_tiles, token_tile, token_tiles
 
-ROWS_PER_CTA = 128  # csrc/mma_gemm.cu: 8 warps × 16 rows
-TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
 
@@ -57,9 +57,9 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -
     out, row = [], 0
     tables = None
     for qw in shards:
-        mw = mma_layout.pack(qw)
-        if tables is None and mw.format.startswith("IQ2"):
-            tables = _upload(mma_layout.iq2_tables(mw.format).view(np.int32), device)
+        mw = layout.pack(qw)
+        if tables is None and codec_for(mw.format).grid is not None:  # IQ2: the kernel reads its grid
+            tables = _upload(layout.iq2_tables(mw.format).view(np.int32), device)
         out.append(
             MmaShard(
                 mw.format, format_id(mw.format), row, mw.n, mw.k, mw.chunks,
@@ -71,15 +71,10 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -
     return out
 
 
-def token_tile(m: int) -> int:
-    """mt of the token tile (8·mt tokens) that covers m tokens in the fewest tiles: 8, 16, then 32 per tile."""
-    return 1 if m <= 8 else 2 if m <= 16 else 4
-
-
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1) -> MmaConfig:
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU (even_split)."""
     mt = token_tile(m)
-    tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+    tiles = output_tiles(token_tiles(m, mt), n)
     return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits), rt)
 
 
@@ -116,7 +111,7 @@ class MmaWorkspace:
 
     @classmethod
     def create(cls, m: int, n: int, splits: int, mt: int, device) -> MmaWorkspace:
-        tiles = -(-m // (8 * mt)) * -(-n // ROWS_PER_CTA)
+        tiles = output_tiles(token_tiles(m, mt), n)
         return cls(
             torch.empty(splits * m * n if splits > 1 else 1, dtype=torch.float32, device=device),
             torch.zeros(max(tiles, 1), dtype=torch.int32, device=device),

@@ -1,0 +1,61 @@
+"""The fused MoE's routing block table, shared by both MoE backends (Triton's grouped tiles and the tensor-core
+GEMM's grouped form) and read by their kernels: token slots sorted by expert, cut into blocks of one expert each.
+
+A table for T·k slots has at most ⌈T·k / rows_per_block⌉ + E blocks (each expert's last block may be partial), so
+a launch over that many blocks covers any routing with no host synchronisation; blocks past the routing's work
+have expert −1 and exit at once. The table is made on the device by one Triton launch (b12x_kernels.moe_route, up
+to its MAX_SLOTS slots) or by torch ops (a parallel sort, any size): the same table either way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def decode_kernels() -> bool:
+    """B12X_MOE_DECODE_KERNELS=0 turns off the routing kernel and split-K (read at plan construction)."""
+    return os.environ.get("B12X_MOE_DECODE_KERNELS", "1") != "0"
+
+
+def table_maker(slots: int, decode: bool) -> str:
+    """Who makes the block table of a call routing `slots` token slots: "kernel" (one Triton launch, up to
+    moe_route.MAX_SLOTS slots, unless `decode` is off) or "torch"."""
+    from b12x_kernels import moe_route
+
+    return "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
+
+
+def block_table(ids: torch.Tensor, experts: int, rows_per_block: int, route: str = "kernel"):
+    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device:
+    one Triton launch (route "kernel", up to moe_route.MAX_SLOTS slots) or torch ops (a parallel sort)."""
+    from b12x_kernels import moe_route
+
+    if route == "torch":
+        return block_table_torch(ids, experts, rows_per_block)
+    most = -(-ids.numel() // rows_per_block) + experts
+    order = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
+    block_expert, start, rows = torch.empty(3, most, dtype=torch.int32, device=ids.device).unbind(0)
+    moe_route.moe_route(ids.contiguous(), experts, rows_per_block, order, block_expert, start, rows)
+    return order, block_expert, start, rows
+
+
+def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
+    """block_table in torch ops (any size)."""
+    flat = ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would synchronise to size its output
+    blocks = (counts + rows_per_block - 1) // rows_per_block
+    block_end = torch.cumsum(blocks, 0)
+    most = -(-flat.numel() // rows_per_block) + experts
+    b = torch.arange(most, device=ids.device)
+    expert = torch.searchsorted(block_end, b, right=True)
+    valid = expert < experts
+    e = expert.clamp(max=experts - 1)
+    local = b - (block_end - blocks)[e]
+    start = (torch.cumsum(counts, 0) - counts)[e] + local * rows_per_block
+    rows = (counts[e] - local * rows_per_block).clamp(0, rows_per_block)
+    block_expert = torch.where(valid, e, torch.full_like(e, -1))
+    return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)

@@ -1,0 +1,78 @@
+"""docs/architecture.md's "Adding a backend" steps, followed literally: the toy backend below (the doc's example,
+word for word) registered for the test is chosen by a plan, prepared, run, and shown by explain."""
+
+import numpy as np
+import pytest
+import torch
+
+import b12x_core as bc
+import b12x_formats as bf
+from b12x_core import backends, plan
+from b12x_core.backends import Backend, DeviceInfo, Query
+from b12x_core.backends.base import config_ranges
+
+
+# --- docs/architecture.md, step 1: the class ---
+class ToyLinear(Backend):
+    name, op = "toy_linear", "linear"
+    reads = ("dequantized",)  # runs from the exact float32 weight (DeviceWeights.dequantized), as the reference
+    warm = False  # nothing to compile
+
+    @classmethod
+    def can_implement(cls, q):  # from the query alone
+        if q.on_cuda:
+            return False, "a CPU toy"
+        return True, "float32 matmul of the dequantized weight"
+
+    def __init__(self, query, weights):  # prepare: take the device layouts it reads
+        super().__init__(query, weights)
+        self.weight = weights.dequantized
+
+    def configs(self, lo, hi):  # its configurations over lo..hi tokens
+        return config_ranges(lo, hi, lambda m: {"rows": 8 if m <= 8 else 64})
+
+    def run(self, x2, bias, *, config):  # x2 [M, K] bf16 -> y [M, N] bf16
+        y = x2.to(torch.float32) @ self.weight.T
+        return (y if bias is None else y + bias.to(torch.float32)).to(torch.bfloat16)
+
+
+# --- step 2: one line in backends.REGISTRY (here for the test only; first, so the defaults prefer it) ---
+@pytest.fixture
+def toy_registered(monkeypatch):
+    monkeypatch.setattr(backends, "REGISTRY", (ToyLinear, *backends.REGISTRY))
+
+
+def test_the_plan_chooses_the_toy_backend_and_explain_shows_it(toy_registered):
+    query = Query("linear", "Q8_0", "bf16", "bf16", DeviceInfo.of(torch.device("cpu")), n=32, k=64, max_tokens=16)
+    basis, _, decisions = plan.choose(query)
+    assert [(d.lo, d.hi, d.backend) for d in decisions] == [(1, 16, ToyLinear)]
+    assert basis.startswith("conservative defaults")  # nothing measured on a CPU: registry order decides
+    assert dict(decisions[0].lost) == {"reference": "unmeasured here: the default order puts toy_linear first"}
+
+    rng = np.random.default_rng(21)
+    qw = bf.quantize(rng.standard_normal((32, 64)).astype(np.float32), "Q8_0")
+    lin = bc.prepare_linear(qw, device="cpu", max_tokens=16)
+    text = bc.explain(lin)
+    assert "1-16 tokens -> toy_linear: default for 1-16 tokens (unmeasured)" in text
+    assert "reference lost: unmeasured here: the default order puts toy_linear first" in text
+    assert "1-8          rows=8" in text and "9-16         rows=64" in text
+    x = torch.from_numpy(rng.standard_normal((3, 64)).astype(np.float32)).to(torch.bfloat16)
+    want = (x.to(torch.float32) @ torch.from_numpy(bf.dequantize(qw)).T).to(torch.bfloat16)
+    assert torch.equal(bc.linear(x, lin), want)
+
+
+def test_without_the_registry_line_the_toy_is_never_asked():
+    query = Query("linear", "Q8_0", "bf16", "bf16", DeviceInfo.of(torch.device("cpu")), n=32, k=64, max_tokens=16)
+    assert ToyLinear not in {d.backend for d in plan.choose(query)[2]}
+
+
+def test_the_doc_shows_this_toy_word_for_word():
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs/architecture.md").read_text()
+    section = doc[doc.index("## Adding a backend to a family") :]
+    start = section.index("```python\n") + len("```python\n")
+    block = section[start : section.index("\n   ```\n", start)]
+    assert textwrap.dedent(block).strip() == inspect.getsource(ToyLinear).strip()
