@@ -74,10 +74,10 @@ def compare(old_root: str, new_root: str) -> int:
     saved = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, root in enumerate((old_root, new_root)):
-            src = [str(Path(root, "packages", p, "src")) for p in ("b12x-formats", "b12x-core")]
+            src = [str(Path(root, "packages", p, "src").resolve()) for p in ("b12x-formats", "b12x-core")]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([*src, os.environ.get("PYTHONPATH", "")]))
             out = str(Path(tmp, f"{i}.pt"))
-            subprocess.run([sys.executable, __file__, "--emit", out], env=env, check=True, cwd=tmp)
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--emit", out], env=env, check=True, cwd=tmp)
             saved.append(torch.load(out))
     old, new = saved
     differ = [k for k in old if k in new and not torch.equal(old[k], new[k])]
