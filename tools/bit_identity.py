@@ -32,9 +32,9 @@ def emit(path: str) -> None:
 
     outputs: dict[str, torch.Tensor] = {}
     gen = torch.Generator().manual_seed(1234)
-    rng = np.random.default_rng(1234)
     x = torch.randn(max(M), K, generator=gen).to(torch.bfloat16).cuda()
-    for fmt in bf.FORMATS:
+    for i, fmt in enumerate(sorted(bf.FORMATS)):  # each format its own seed: both trees draw the same weights
+        rng = np.random.default_rng(1000 + i)
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         qw = bf.quantize(w, fmt)
         for activation in [a for a in ("bf16", "fp8", "mxfp8") if a in bf.spec(fmt).activations][:2]:
@@ -51,7 +51,8 @@ def emit(path: str) -> None:
     xm = torch.randn(max(T), H, generator=gen).to(torch.bfloat16).cuda()
     weights, ids = bc.route_topk(torch.randn(max(T), E, generator=gen), TOP_K)
     weights, ids = weights.cuda(), ids.cuda()
-    for fmt in bc.MOE_FORMATS:
+    for i, fmt in enumerate(sorted(bc.MOE_FORMATS)):
+        rng = np.random.default_rng(2000 + i)
         w13 = bf.quantize((rng.standard_normal((E, 2 * INTER, H)) / np.sqrt(H)).astype(np.float32), fmt)
         w2 = bf.quantize((rng.standard_normal((E, H, INTER)) / np.sqrt(INTER)).astype(np.float32), fmt)
         p = bc.prepare_moe(w13, w2, device="cuda", max_tokens=max(T), top_k=TOP_K, act_format="bf16")

@@ -16,6 +16,7 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"
 start=$(date +%s)
+export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
 # B12X_WHEEL=path: a b12x-kernels wheel built earlier for this Python (a device call carries it), used when it
 # imports here; otherwise the extension is built
 if [ -n "${B12X_WHEEL:-}" ] && python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL" \
@@ -25,7 +26,6 @@ else
   python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
   echo "build: $(( $(date +%s) - start )) s"
 fi
-export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
 so=$(cd /tmp && python3 -c "import b12x_kernels._C as c; print(c.__file__)")
 cuobjdump --list-elf "$so"
 workers=()

@@ -37,7 +37,7 @@ CPU = torch.device("cpu")
 
 def shards(rng, fmt: str, rows=(24, 40)) -> list[bf.QuantizedWeight]:
     """Row shards (a fused qkv / gate_up) with their own per-tensor scales; K with a tail past whole chunks."""
-    k = 2 * geometry.chunk_k(fmt) + bf.spec(fmt).k_multiple
+    k = 2 * geometry.chunk_k(fmt) + max(bf.spec(fmt).k_multiple, 8)  # the tensor-core GEMM needs K % 8 == 0
     out = []
     for n in rows:
         qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 10), fmt)

@@ -3,7 +3,7 @@ activation fused, deterministic combine) against the b12x-core reference, every 
 activation.
 
 On CPU the kernels run in Triton's interpreter (conftest.py), through a plan of that backend alone; on the GPU
-(marked gpu) through bc.prepare_moe / bc.moe at T ∈ {1, 2, 7, 64, 1024}. Tolerance as the linear tiles (closeness.py), against the
+(marked gpu) through a plan of that backend alone at T ∈ {1, 2, 7, 64, 1024}. Tolerance as the linear tiles (closeness.py), against the
 reference run on the weights the kernels multiply: decoded and rounded to bf16 (exact for the FP4 formats; one
 rounding of d·q for Q8_0 and IQ2, which two chained GEMMs would otherwise amplify past 1e-2).
 """
@@ -230,13 +230,13 @@ def test_gpu_moe_matches_reference(rng, fmt, act_format, activation, order, t):
     inter = 192 if bf.spec(fmt).packing != "ggml" else 256  # I not a multiple of 128 where the format allows
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=8, h=512, inter=inter, t=t, top_k=2)
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
-    gpu = bc.prepare_moe(w13, w2, device="cuda", **kw)
-    assert gpu.path == "triton_moe"
-    workspace.poison(gpu.device)  # every temporary the kernels read, they must have written first
-    y = bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu)
+    # the Triton MoE alone: the measured plans run the tensor-core MoE at these sizes (test_mma_moe.py tests it)
+    row = alone(bc.prepare_moe(w13, w2, device="cuda", **kw), w13, w2).for_tokens(t)
+    workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
+    y = row.run(x.cuda(), weights.cuda(), ids.cuda())
     ref = bf16_weights(bc.prepare_moe(w13, w2, **kw))
     close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
-    assert torch.equal(bc.moe(x.cuda(), weights.cuda(), ids.cuda(), gpu), y)  # deterministic
+    assert torch.equal(row.run(x.cuda(), weights.cuda(), ids.cuda()), y)  # deterministic
 
 
 @pytest.mark.gpu

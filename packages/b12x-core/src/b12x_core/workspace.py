@@ -44,6 +44,14 @@ _required: dict[torch.device, dict[str, int]] = {}  # per device: scratch bytes,
 _pools: dict[tuple[torch.device, int], _Pools] = {}
 
 
+def _device(device: torch.device) -> torch.device:
+    """One key per device: "cuda" (a query built without an index) and "cuda:0" name the same pools."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _stream_key(device: torch.device) -> int:
     """The stream a call on `device` is issued to (CPU: one stream)."""
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
@@ -54,7 +62,7 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _pools_for(device: torch.device) -> _Pools:
-    key = (device, _stream_key(device))
+    key = (_device(device), _stream_key(device))
     pools = _pools.get(key)
     if pools is None:
         pools = _pools[key] = _Pools()
@@ -63,6 +71,7 @@ def _pools_for(device: torch.device) -> _Pools:
 
 def _ensure(device: torch.device, kind: str) -> torch.Tensor | None:
     """The current stream's buffer of `kind`, grown to the device's reserved size (None: nothing reserved)."""
+    device = _device(device)
     size = _required.get(device, {}).get(kind)
     if size is None:
         return None
@@ -81,7 +90,7 @@ def _ensure(device: torch.device, kind: str) -> torch.Tensor | None:
 
 
 def _reserve(device: torch.device, kind: str, size: int) -> None:
-    need = _required.setdefault(device, {})
+    need = _required.setdefault(_device(device), {})
     need[kind] = max(need.get(kind, 0), size)
     _ensure(device, kind)  # the preparing stream's buffers now, not at its first call
 
@@ -153,13 +162,13 @@ def tickets(device: torch.device, count: int) -> torch.Tensor:
 
 def streams(device: torch.device) -> int:
     """How many streams of `device` hold a set of b12x temporaries (explain, tests)."""
-    return sum(1 for dev, _ in _pools if dev == device)
+    return sum(1 for dev, _ in _pools if dev == _device(device))
 
 
 def poison(device: torch.device) -> None:
     """Fill the device's scratch and weight workspaces, on every stream, with 0xFF bytes (NaN in bf16 and
     float32): tests call it so a kernel that skips writing a temporary it later reads shows up as NaN."""
     for (dev, _), pools in _pools.items():
-        if dev == device:
+        if dev == _device(device):
             for buf in pools.scratch + pools.weights:
                 buf.view(torch.uint8).fill_(0xFF)
