@@ -149,11 +149,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", type=Path)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--plain", action="store_true", help="without the b12x backend flags (a bf16 twin)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "chat_template.jinja"
         template.write_text(CHAT_TEMPLATE)
-        with Server(args.model, Path(tmp) / "server.log", *server_flags(template)) as server:
+        with Server(args.model, Path(tmp) / "server.log", *server_flags(template), b12x=not args.plain) as server:
             client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
             concurrent_load(server, client, str(args.model))  # warm-up
             loads = [concurrent_load(server, client, str(args.model)) for _ in range(args.runs)]

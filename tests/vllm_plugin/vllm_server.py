@@ -32,9 +32,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(model: Path, port: int, *flags: str) -> list[str]:
+def command(model: Path, port: int, *flags: str, b12x: bool = True) -> list[str]:
+    """The server's command line; `b12x=False` serves without the b12x backend flags (a bf16 twin is vLLM's own,
+    and vLLM 0.32 takes `--moe-backend b12x` on unquantized experts for a backend of its own that cannot start
+    on CPU)."""
+    backends = ["--linear-backend", "b12x", "--moe-backend", "b12x"] if b12x else []
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
-            "--port", str(port), "--linear-backend", "b12x", "--moe-backend", "b12x", *flags]  # fmt: skip
+            "--port", str(port), *backends, *flags]  # fmt: skip
 
 
 def listening(port: int) -> bool:
@@ -81,11 +85,11 @@ def kill_group(proc: subprocess.Popen) -> None:
 class Server:
     """`with Server(model, log, *flags) as server:` ready to answer at server.base_url; stopped on exit."""
 
-    def __init__(self, model: Path, log: Path, *flags: str, env: dict | None = None):
+    def __init__(self, model: Path, log: Path, *flags: str, env: dict | None = None, b12x: bool = True):
         self.port = free_port()
         self.base_url = f"http://{HOST}:{self.port}/v1"
         self.log = log
-        self.cmd = command(model, self.port, *flags)
+        self.cmd = command(model, self.port, *flags, b12x=b12x)
         self.env = dict(os.environ, **ENV, **(env or {}))
         self.proc: subprocess.Popen | None = None
 
