@@ -33,7 +33,8 @@ cudaError_t gemv_elem(int format, const uint8_t* w, const uint8_t* scales, float
 cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64, __nv_bfloat16* out, int T,
                            int V, int H, cudaStream_t stream);
 
-// Tensor-core mixed-input GEMM (mma_gemm.cu) over weights repacked by b12x_core/mma_layout.py.
+// Tensor-core mixed-input GEMM (mma_gemm.cu) over weights in its repacked tile layout (mma_gemm.cuh's header says
+// what each byte holds; the host repacks checkpoint weights into it losslessly at prepare time).
 // What the result becomes (the epilogue), per output element v = alpha * row_scale[row] * sum_k x·W:
 enum MmaOut : int {
   MMA_OUT_BF16 = 0,   // y[m * ldy + n] = bf16(v + bias[n])
@@ -65,8 +66,9 @@ struct MmaArgs {
   int* tickets;               // int [ceil(N/128) * token tiles], zero at rest (the kernel leaves it zero)
   int epilogue;               // MmaOut
   // Grouped (fused MoE) when `order` is set: the weight stacks experts (expert e owns rows [e·N, (e+1)·N),
-  // N % 16 == 0) and token tile b is block b of an expert-sorted block table (b12x_core/backends/triton_moe.py
-  // block_table): expert block_expert[b] (−1: nothing to do), sorted positions block_start[b] .. + block_rows[b]
+  // N % 16 == 0) and token tile b is block b of an expert-sorted block table (every token slot sorted by its
+  // expert, cut into blocks of at most 8·mt slots of one expert): expert block_expert[b] (−1: nothing to do),
+  // sorted positions block_start[b] .. + block_rows[b]
   // (at most 8·mt), each holding a token slot order[pos]. A slot's input row is slot / top_k (gather) or the
   // slot itself (top_k 0); its output row is the slot.
   const int* order;

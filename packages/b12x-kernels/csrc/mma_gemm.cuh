@@ -5,7 +5,7 @@
 // Why this shape (the GEMV and decode-to-bf16 paths it replaces could not beat bf16 above one token):
 // - Weights are the MMA's A operand (m16 = 16 weight rows), tokens its B operand (n8 = 8 tokens), so a
 //   decode-sized call pads tokens to 8, not to 16, and every weight byte is read once per token tile.
-// - The weight is repacked at prepare time (b12x_core/mma_layout.py, lossless) into 1 KB tiles: 16 rows × one
+// - The weight is repacked at prepare time (by the host, losslessly) into 1 KB tiles: 16 rows × one
 //   "chunk" of K, stored as two 512-byte halves (rows 0-7, rows 8-15) in lane order. A warp reads a half with
 //   one coalesced 16-byte load per lane. Lane (q = lane/4, t = lane%4) gets row q (and q+8) and the t-th
 //   16-byte quarter of the chunk: E consecutive elements (E = 16 for 8-bit codes, 32 for FP4, 64 for IQ2).
@@ -142,7 +142,8 @@ struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chu
   }
 };
 
-// E2M1 pair p of a repacked word (mma_layout.py E2M1_FIELDS) -> bf16x2 bit patterns worth value·2^-126:
+// E2M1 pair p of a repacked word (the bit fields below; the host repack places codes there) -> bf16x2 bit
+// patterns worth value·2^-126:
 // pairs 0-2 sit at bf16's spacing (magnitude at L..L+2, sign at L+9, L = 6, 3, 0; high element +16), so one
 // shift and one mask move them to bits 6-8 / 15 and 22-24 / 31; pair 3 fills the four positions left.
 template <int P>
@@ -209,7 +210,8 @@ struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (t
 // are read from shared-memory tables replicated kReplicas times across the banks, so the warp's 32 random
 // lookups conflict at most two-way. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
 // fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
-// The grid's three values (checked against b12x_formats' grids by mma_layout.iq2_tables) as bf16 bytes:
+// The grid's three values (the host checks them against b12x_formats' grids when it builds the tables) as bf16
+// bytes:
 constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
 constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
 
