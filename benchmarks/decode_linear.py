@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,14 @@ def time_graph(fn, copies: int, replays: int = 100, budget_ms: float | None = No
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / copies)
     return statistics.median(times[5:])
+
+
+def device_facts(device: torch.device | None = None) -> dict:
+    """What a saved benchmark run says of where and when it ran (the table's source, and --from-json's)."""
+    day = time.strftime("%Y-%m-%d")
+    if device is not None and device.type != "cuda":
+        return {"device": "cpu", "capability": [0, 0], "date": day}
+    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()), "date": day}
 
 
 def reuse_repacks() -> None:

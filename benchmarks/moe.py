@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from decode_linear import copy_bandwidth, random_weight, reuse_repacks, time_graph
+from decode_linear import copy_bandwidth, device_facts, random_weight, reuse_repacks, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -145,7 +145,7 @@ def main() -> None:
                 for name in names:
                     if name == "auto" and args.emit_table:  # bc.moe's plan then reads this case's new entry
                         case_rows = [r for r in rows if (r["shape"], r["format"], r["act"]) == (shape, fmt, act)]
-                        crossover.merge(Path(args.emit_table), table({**facts(bw), "rows": case_rows}))
+                        crossover.merge(Path(args.emit_table), table({**device_facts(), "rows": case_rows}))
                         crossover.load.cache_clear()
                     try:
                         if name == "auto":
@@ -224,13 +224,8 @@ def table(saved: dict) -> list[crossover.Entry]:
     return entries
 
 
-def facts(bw: float) -> dict:
-    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-            "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}  # fmt: skip
-
-
 def save(path: str, bw: float, rows: list) -> dict:
-    saved = {**facts(bw), "rows": rows}
+    saved = {**device_facts(), "copy_gbs": bw, "rows": rows}
     with open(path, "w") as f:
         json.dump(saved, f, indent=1)
     return saved

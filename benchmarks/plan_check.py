@@ -33,7 +33,7 @@ import decode_linear
 import numpy as np
 import torch
 import torch.nn.functional as F
-from decode_linear import reuse_repacks, time_graph
+from decode_linear import device_facts, reuse_repacks, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -193,13 +193,6 @@ def measure(args, device: torch.device) -> list[dict]:
     return rows
 
 
-def device_facts(device: torch.device) -> dict:
-    day = time.strftime("%Y-%m-%d")
-    if device.type != "cuda":
-        return {"device": "cpu", "capability": [0, 0], "date": day}
-    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()), "date": day}
-
-
 def layers(rows: list[dict]) -> list[dict]:
     """Per model, format × mode and M: the decoder layer's four linears summed (dispatched and bf16), where every
     linear of the layer was measured."""
@@ -322,8 +315,9 @@ def main() -> int:
     if args.png and any("dispatched" in r and "backends" in r for r in rows):
         plot(rows, args.png)
     ok = check(rows)
-    if args.emit_table:
+    if args.emit_table and args.from_json:  # a measuring run merged each pair's entry as it went
         crossover.merge(Path(args.emit_table), table(rows, capability, name, day))
+    if args.emit_table:
         print(f"measured table merged into {args.emit_table}")
     return 0 if ok else 1
 

@@ -13,11 +13,8 @@ t0=$(date +%s)
 left() { echo $(( total - ($(date +%s) - t0) )); }
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 exec > >(tee -a "$out/run.log") 2>&1
-if ls .whl/gguf-*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export B12X_WHEEL="$(ls .whl/b12x_kernels-*cp312*.whl 2>/dev/null | head -1)" B12X_TEST_TIMES="$out/times.txt"
+source tools/device_env.sh
+export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
 say "full GPU suite (budget $(( $(left) - ${RESERVE_S:-60} )) s)"
 timeout $(( $(left) - ${RESERVE_S:-60} )) bash tools/gpu_tests.sh -q --timeout 300 2>&1 | grep -vE "^\.+|^tests/.*PASSED"

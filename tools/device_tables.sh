@@ -19,21 +19,16 @@ t0=$(date +%s)
 left() { echo $(( total - ($(date +%s) - t0) )); }
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 exec > >(tee -a "$out/run.log") 2>&1
-if ls .whl/gguf-*.whl > /dev/null 2>&1; then  # what the device image lacks, carried as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export B12X_WHEEL="$(ls .whl/b12x_kernels-*cp312*.whl 2>/dev/null | head -1)" B12X_TEST_TIMES="$out/times.txt"
+source tools/device_env.sh
+export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 if [ "$tests" != "--no-tests" ]; then
   say "fast tier"
   timeout 240 bash tools/gpu_tests.sh --fast --timeout 200
   say "fast tier: exit $?"
-elif [ -n "$B12X_WHEEL" ]; then
-  python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL"
 else
-  CMAKE_BUILD_PARALLEL_LEVEL=16 B12X_CUDA_ARCHS=90 python3 -m pip install -q --no-build-isolation --no-deps ./packages/b12x-kernels
+  B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" install_kernels
 fi
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 table=packages/b12x-core/src/b12x_core/crossover.json

@@ -5,7 +5,7 @@
 #                                                  once (tests marked fast), ≈3 minutes on an H200
 #   bash tools/gpu_tests.sh [pytest args]          the full matrix, sharded over pytest-xdist workers
 # B12X_CUDA_ARCHS (default: 90 for --fast, every architecture otherwise), B12X_GPU_WORKERS (default 12),
-# B12X_TEST_TIMES=FILE (each test's seconds as it finishes) pass through.
+# B12X_TEST_TIMES=FILE (each test's seconds as it finishes), B12X_WHEEL (tools/device_env.sh) pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marker="gpu"
@@ -14,18 +14,10 @@ if [ "${1:-}" = "--fast" ]; then
   marker="gpu and fast"
   export B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
 fi
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"
-start=$(date +%s)
+source tools/device_env.sh
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
-# B12X_WHEEL=path: a b12x-kernels wheel built earlier for this Python (a device call carries it), used when it
-# imports here; otherwise the extension is built
-if [ -n "${B12X_WHEEL:-}" ] && python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL" \
-    && (cd /tmp && python3 -c "import b12x_kernels as k; assert k._C is not None, k.unavailable_reason()"); then
-  echo "b12x-kernels from $B12X_WHEEL"
-else
-  python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
-  echo "build: $(( $(date +%s) - start )) s"
-fi
+start=$(date +%s)
+install_kernels
 so=$(cd /tmp && python3 -c "import b12x_kernels._C as c; print(c.__file__)")
 cuobjdump --list-elf "$so"
 workers=()

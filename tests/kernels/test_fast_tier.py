@@ -43,9 +43,13 @@ MOE_TS = (1, 37)
 QUANTIZED_MODES = ("fp8", "mxfp8", "nvfp4")
 
 
+def _scaled(fmt: str, activation: str) -> bool:
+    """Whether the case's checkpoint carries an input_scale: nvfp4 needs one, FP8 × fp8 runs static with it."""
+    return activation == "nvfp4" or (activation == "fp8" and fmt == "FP8")
+
+
 def _linear_query(fmt: str, activation: str, device: DeviceInfo) -> Query:
-    scaled = activation in ("nvfp4",) or (activation == "fp8" and fmt == "FP8")
-    mode = activation_mode(fmt, activation, scaled)
+    mode = activation_mode(fmt, activation, _scaled(fmt, activation))
     return Query("linear", fmt, activation, mode, device, "auto", N, K, max(LINEAR_MS), (N,))
 
 
@@ -90,8 +94,7 @@ def _skip_unless_here(query: Query, cls) -> None:
 @pytest.mark.parametrize("cls,fmt,activation", list(_linear_cases()))
 def test_every_linear_backend_on_every_format(rng, cls, fmt, activation):
     x = torch.from_numpy(rng.standard_normal((max(LINEAR_MS), K)).astype(np.float32)).to(torch.bfloat16)
-    scaled = activation == "nvfp4" or (activation == "fp8" and fmt == "FP8")
-    qw = make_weight(rng, fmt, N, K, scaled, x)
+    qw = make_weight(rng, fmt, N, K, _scaled(fmt, activation), x)
     _skip_unless_here(_linear_query(fmt, activation, DeviceInfo.of(torch.device("cuda", 0))), cls)
     gpu, ref = linear_alone(cls, qw, activation, "cuda", max(LINEAR_MS))
     bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16)

@@ -62,7 +62,8 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _pools_for(device: torch.device) -> _Pools:
-    key = (_device(device), _stream_key(device))
+    """The current stream's pools of a device already keyed by _device."""
+    key = (device, _stream_key(device))
     pools = _pools.get(key)
     if pools is None:
         pools = _pools[key] = _Pools()
@@ -95,15 +96,11 @@ def _reserve(device: torch.device, kind: str, size: int) -> None:
     _ensure(device, kind)  # the preparing stream's buffers now, not at its first call
 
 
-def _element_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def nbytes(specs) -> int:
     """Bytes `carve(specs)` needs: specs are (shape, dtype) pairs."""
     total = 0
     for shape, dtype in specs:
-        total = -(-total // _ALIGN) * _ALIGN + math.prod(shape) * _element_bytes(dtype)
+        total = -(-total // _ALIGN) * _ALIGN + math.prod(shape) * dtype.itemsize
     return total
 
 
@@ -125,7 +122,7 @@ def carve(device: torch.device, specs) -> list[torch.Tensor]:
     out, offset = [], 0
     for shape, dtype in specs:
         offset = -(-offset // _ALIGN) * _ALIGN
-        size = math.prod(shape) * _element_bytes(dtype)
+        size = math.prod(shape) * dtype.itemsize
         out.append(buf[offset : offset + size].view(dtype).view(shape))
         offset += size
     return out
