@@ -52,7 +52,8 @@ def sweep_stage(stage: str, fmt: str, preps, x, ids, top_k: int) -> list[dict]:
     rows = []
     inter = torch.randn(t * top_k, p0.intermediate, dtype=torch.bfloat16, device="cuda")
     for bm in block_ms(t, top_k, p0.experts):
-        table = block_table(ids, p0.experts, bm)
+        order, blocks = block_table(ids, p0.experts, bm)
+        table = (order, *blocks)
         for bn, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3, 4)):
             if (warps == 8 or bn == 128) if bm < 64 else bn == 32:  # small tiles for decode, large for prefill
                 continue

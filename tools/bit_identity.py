@@ -2,11 +2,12 @@
 (one activation mode each, as the fast tier picks), every MoE backend on every MoE format, the dispatched ops,
 on fixed seeded inputs: each tree runs in a process of its own and saves its outputs, then they are compared.
 
-    python tools/bit_identity.py OLD_ROOT NEW_ROOT      # each ROOT holds packages/b12x-{formats,core}/src
+    python tools/bit_identity.py OLD_ROOT NEW_ROOT [OLD_KERNELS]   # each ROOT holds packages/b12x-{formats,core}/src
     python tools/bit_identity.py --emit OUT.pt          # (internal) this process's tree's outputs
 
-A refactor that moves code (issue 21) must leave every output equal bit for bit; the kernels themselves
-(b12x_kernels, installed once) are shared by both runs.
+A refactor that moves code (issue 21) must leave every output equal bit for bit. The installed b12x_kernels
+serves the new tree; OLD_KERNELS (a `pip install --target` folder of the old tree's b12x_kernels) the old one,
+when the refactor changed the kernels' interface too.
 """
 
 from __future__ import annotations
@@ -69,13 +70,15 @@ def emit(path: str) -> None:
     torch.save(outputs, path)
 
 
-def compare(old_root: str, new_root: str) -> int:
+def compare(old_root: str, new_root: str, old_kernels: str = "") -> int:
     import torch
 
     saved = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, root in enumerate((old_root, new_root)):
             src = [str(Path(root, "packages", p, "src").resolve()) for p in ("b12x-formats", "b12x-core")]
+            if i == 0 and old_kernels:
+                src.append(str(Path(old_kernels).resolve()))
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([*src, os.environ.get("PYTHONPATH", "")]))
             out = str(Path(tmp, f"{i}.pt"))
             subprocess.run([sys.executable, str(Path(__file__).resolve()), "--emit", out], env=env, check=True, cwd=tmp)
@@ -92,4 +95,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--emit":
         emit(sys.argv[2])
     else:
-        raise SystemExit(compare(sys.argv[1], sys.argv[2]))
+        raise SystemExit(compare(*sys.argv[1:4]))

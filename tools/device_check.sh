@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20's device run, the other half of tools/device_tables.sh: the full GPU suite (12 xdist workers, each
 # test's seconds logged), then, with OLD_ROOT set, tools/bit_identity.py (a refactor's results against the tree it
-# started from, bit for bit), then, with the time left, more tables (device_tables.sh without its fast tier).
+# started from, bit for bit; OLD_WHEEL: the old tree's b12x_kernels wheel when the kernels' interface changed),
+# then, with the time left, more tables (device_tables.sh without its fast tier).
 #   bash tools/device_check.sh OUT [seconds=540] [moe shapes=-] [linear groups=-]
 # OUT gets: run.log, times.txt, and what device_tables.sh writes when tables run.
 set -uo pipefail
@@ -20,7 +21,12 @@ say "full GPU suite (budget $(( $(left) - ${RESERVE_S:-60} )) s)"
 timeout $(( $(left) - ${RESERVE_S:-60} )) bash tools/gpu_tests.sh -q --timeout 300 2>&1 | grep -vE "^\.+|^tests/.*PASSED"
 say "suite: exit ${PIPESTATUS[0]}"
 if [ -n "${OLD_ROOT:-}" ]; then
-  timeout $(( $(left) - 10 )) python3 tools/bit_identity.py "$OLD_ROOT" .
+  old_kernels=""
+  if [ -n "${OLD_WHEEL:-}" ]; then
+    old_kernels=/tmp/old_kernels
+    python3 -m pip install -q --no-deps --no-cache-dir --target "$old_kernels" "$OLD_WHEEL"
+  fi
+  timeout $(( $(left) - 10 )) python3 tools/bit_identity.py "$OLD_ROOT" . $old_kernels
   say "bit identity: exit $?"
 fi
 if [ "$moe_shapes$linear_shapes" != "--" ] && [ "$(left)" -gt 90 ]; then

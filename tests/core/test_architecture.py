@@ -28,7 +28,8 @@ class ToyLinear(Backend):
         super().__init__(query, weights)
         self.weight = weights.dequantized
 
-    def configs(self, lo, hi):  # its configurations over lo..hi tokens
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):  # over lo..hi tokens, from the query alone
         return config_ranges(lo, hi, lambda m: {"rows": 8 if m <= 8 else 64})
 
     def run(self, x2, bias, *, config):  # x2 [M, K] bf16 -> y [M, N] bf16

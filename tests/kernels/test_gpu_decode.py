@@ -46,19 +46,25 @@ def test_gemv_matches_reference(rng, fmt, m, n, k):
 def test_kernel_writes_every_output(rng, fmt):
     import b12x_kernels
     from b12x_core.weights import grid_table
+    from b12x_formats.kernel_facts import format_id
+    from b12x_kernels import interface
 
     qw = random_blocks(rng, fmt, 300, 1024)
     blocks = torch.from_numpy(qw.tensors["weight"]).cuda()
     grid = grid_table(fmt, "cuda")
     x = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def plan(max_m):
+        return interface.pack(interface.GemvGgmlPlan, format=format_id(fmt), w=blocks.data_ptr(),
+                              grid=0 if grid is None else grid.data_ptr(), N=300, K=1024, max_m=max_m)  # fmt: skip
+
     for max_m in (8, 16):  # any bucket that holds the tokens
         y = torch.full((5, 300), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
-        b12x_kernels.gemv_ggml(fmt, blocks.data_ptr(), 0 if grid is None else grid.data_ptr(), x.data_ptr(), 0,
-                               y.data_ptr(), 5, max_m, 300, 1024, torch.cuda.current_stream().cuda_stream)  # fmt: skip
+        b12x_kernels.gemv_ggml(plan(max_m), x.data_ptr(), 0, y.data_ptr(), 5, stream)
         close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
     with pytest.raises(ValueError, match="M must be in 1..max_m=4"):
-        b12x_kernels.gemv_ggml(fmt, blocks.data_ptr(), 0 if grid is None else grid.data_ptr(), x.data_ptr(), 0,
-                               y.data_ptr(), 5, 4, 300, 1024, torch.cuda.current_stream().cuda_stream)  # fmt: skip
+        b12x_kernels.gemv_ggml(plan(4), x.data_ptr(), 0, y.data_ptr(), 5, stream)
 
 
 @pytest.mark.parametrize("fmt", GGML)

@@ -136,9 +136,8 @@ def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
 
 def test_decode_gemm_previews_need_no_weights():
     q = Query("linear", "NVFP4", "bf16", "bf16", dataclasses.replace(DeviceInfo.of(CPU)), n=64, k=256)
-    backend = DecodeGemm.__new__(DecodeGemm)
-    DecodeGemm.__init__(backend, q, None)
-    assert backend.configs(1, 8) == [(1, 8, {})]
+    assert DecodeGemm.configs(q, 1, 8) == [(1, 8, {})]
+    assert DecodeGemm.configs(q, 1, 8, layout="mma") == [(1, 8, {"reads": "the tensor-core layout"})]
 
 
 def test_explain_reports_one_copy_of_the_weight_when_the_layout_is_shared(rng):

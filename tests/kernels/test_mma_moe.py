@@ -159,15 +159,14 @@ def test_declines_off_cuda():
 
 @pytest.mark.parametrize("top_k,experts", [(8, 128), (4, 128), (8, 256)])
 def test_configurations_cover_every_token_count_and_split_k_only_when_few_blocks(top_k, experts):
-    backend = TensorCoreMoE.__new__(TensorCoreMoE)
-    backend.query, backend.weights, backend.decode = _query(H200, 4096, top_k=top_k, experts=experts), None, True
-    rows = backend.configs(1, 4096)
+    query = _query(H200, 4096, top_k=top_k, experts=experts)
+    rows = TensorCoreMoE.configs(query, 1, 4096)
     assert rows[0][0] == 1 and rows[-1][1] == 4096
     assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))
     first, last = rows[0][2], rows[-1][2]
     assert first["tokens"] == 8 and first["splits"][0] > 1  # one token: 8-slot blocks, K split to fill SMs
     assert last["tokens"] == 32 and last["splits"] == (1, 1)  # 4096 tokens fill the GPU many times over
-    assert backend.tickets_needed >= backend._table_blocks(rows[0][1], first) * 2 * 768 // 128
+    assert TensorCoreMoE.tickets(query, rows) >= TensorCoreMoE.table_blocks(query, rows[0][1], first) * 2 * 768 // 128
 
 
 def test_default_plan_keeps_the_triton_moe_until_measured():
@@ -182,26 +181,33 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
 
 
 @pytest.mark.parametrize(
-    "kw,why",
+    "plan,call,why",
     [
-        (dict(epilogue="gelu"), "unknown epilogue"),
-        (dict(epilogue="silu", n=24), "silu needs N % 16"),
-        (dict(epilogue="f32"), "needs partials"),
-        (dict(order=16), "grouped needs the block table"),
-        (dict(order=16, block_expert=16, block_start=16, block_rows=16, blocks=4, n=40), "N % 16"),
+        (dict(epilogue=7), {}, "unknown epilogue"),
+        (dict(epilogue=1, N=24), {}, "silu needs N % 16"),
+        (dict(epilogue=3), {}, "needs partials"),
+        (dict(splits=2, chunks=4), dict(partials=16), "needs tickets"),
+        (dict(mt=3), {}, "mt must be"),
+        (dict(chunks=0), {}, "fewer than K columns"),
+        ({}, dict(order=16), "grouped needs the block table"),
+        (dict(N=40), dict(order=16, table=16, blocks=4), "N % 16"),
+        ("short", {}, "interface.h differ"),
     ],
 )
-def test_kernel_entry_refuses_what_it_cannot_run_before_launching(kw, why):
+def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, why):
     """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
     import b12x_kernels
+    from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    n = kw.pop("n", 32)
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
-    args = (4, fake, 0, 0, 0, 0, 1.0, 1.0, fake, 0, fake, n, 1, n, 128, 1, 1, 1, 1, 0, 0, 0)
+    fields = dict(format=4, codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0, alpha=1.0,
+                  scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, epilogue=0, top_k=0)  # fmt: skip
+    packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
+    args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):
-        b12x_kernels.mma_gemm(*args, **kw)
+        b12x_kernels.mma_gemm(packed, **{**args, **call})
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -115,7 +115,9 @@ def quantizer_flips(x, weights, ids, p) -> torch.Tensor:
 
 def test_block_table_covers_every_slot_once():
     ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2], [1, 3]])
-    order, expert, start, rows = block_table(ids, experts=5, rows_per_block=2, route="torch")
+    order, blocks = block_table(ids, experts=5, rows_per_block=2, route="torch")
+    assert blocks.dtype == torch.int32 and blocks.shape[0] == 3 and blocks.is_contiguous()  # one pointer for kernels
+    expert, start, rows = blocks
     assert expert.numel() == -(-10 // 2) + 5  # a fixed launch whatever the routing
     covered = []
     for b in range(expert.numel()):
@@ -137,8 +139,10 @@ def test_routing_kernel_matches_torch_tables(rng, tokens, top_k, experts, rows_p
     if rng.random() < 0.5:  # crowd the low experts: several blocks for one expert
         ids = ids % max(1, experts // 8)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    fused = [t.cpu() for t in block_table(ids.to(device), experts, rows_per_block, route="kernel")]
-    ref = block_table_torch(ids, experts, rows_per_block)
+    order, blocks = block_table(ids.to(device), experts, rows_per_block, route="kernel")
+    fused = [order.cpu(), *blocks.cpu()]
+    ref_order, ref_blocks = block_table_torch(ids, experts, rows_per_block)
+    ref = [ref_order, *ref_blocks]
     assert torch.equal(fused[0], ref[0]) and torch.equal(fused[1], ref[1])
     work = ref[1] >= 0
     assert torch.equal(fused[2][work], ref[2][work]) and torch.equal(fused[3][work], ref[3][work])
@@ -194,7 +198,7 @@ def test_interpreted_moe_splits_k(rng, fmt, act_format, activation, order):
     assert row.config["k_split"] == (128, 128)  # K = 256 both: two splits each
 
 
-def moe_plan(device_info, max_tokens, decode=True, **shape):
+def moe_plan(device_info, max_tokens, **shape):
     """The Triton MoE plan rows of a hypothetical MoE layer on `device_info` (no weights: configurations only)."""
     from b12x_core.backends import MoEShape, Query
 
@@ -202,9 +206,7 @@ def moe_plan(device_info, max_tokens, decode=True, **shape):
                              w13_order="gate_up", act_mode_2="bf16", w2_format="MXFP4"), **shape})  # fmt: skip
     query = Query("moe", "MXFP4", "bf16", "bf16", device_info, n=2 * moe.intermediate, k=moe.hidden,
                   max_tokens=max_tokens, moe=moe)  # fmt: skip
-    backend = TritonMoE.__new__(TritonMoE)  # configurations need no weights
-    backend.query, backend.decode = query, decode
-    return moe, backend.configs(1, max_tokens)
+    return moe, TritonMoE.configs(query, 1, max_tokens)  # configurations need no weights
 
 
 @pytest.mark.parametrize("device_info", [H200, DeviceInfo(torch.device("cpu"), (12, 0), sms=170, smem_kb=99)])

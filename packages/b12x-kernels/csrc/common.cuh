@@ -2,7 +2,10 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace b12x {
 
@@ -33,6 +36,21 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
+}
+
+// Launches fn(std::integral_constant<int, B>{}) for the GEMVs' accumulator bucket B = max_m (1, 2, 4, 8 or 16:
+// the caller's plan picks it, so register use, one fp32 accumulator per token, follows M); the launch error.
+template <class Fn>
+cudaError_t with_bucket(int max_m, Fn&& fn) {
+  switch (max_m) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    case 16: fn(std::integral_constant<int, 16>{}); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace b12x

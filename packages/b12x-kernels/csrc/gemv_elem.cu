@@ -111,40 +111,27 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <int kFormat>
-cudaError_t launch(const uint8_t* w, const uint8_t* scales, float tensor_scale, const __nv_bfloat16* x,
-                   const float* x_scale, int x_scale_cols, const __nv_bfloat16* bias, __nv_bfloat16* y, int ldy,
-                   int M, int max_m, int N, int K, cudaStream_t stream) {
-  const dim3 block(32 * kWarpsPerBlock), grid((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const auto run = [&](auto kernel) {
-    kernel<<<grid, block, 0, stream>>>(w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, M, N, K);
-  };
-  // The max_m bucket (the caller's plan) keeps register use (one fp32 accumulator per token) proportional to M.
-  switch (max_m) {
-    case 1: run(gemv_elem_kernel<kFormat, 1>); break;
-    case 2: run(gemv_elem_kernel<kFormat, 2>); break;
-    case 4: run(gemv_elem_kernel<kFormat, 4>); break;
-    case 8: run(gemv_elem_kernel<kFormat, 8>); break;
-    case 16: run(gemv_elem_kernel<kFormat, 16>); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+cudaError_t launch(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
+                   __nv_bfloat16* y, int M, cudaStream_t stream) {
+  const dim3 block(32 * kWarpsPerBlock), grid((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  return with_bucket(p.max_m, [&](auto bucket) {
+    gemv_elem_kernel<kFormat, decltype(bucket)::value><<<grid, block, 0, stream>>>(
+        p.w, p.scales, p.tensor_scale, x, x_scale, p.x_scale_cols, bias, y, p.ldy, M, p.N, p.K);
+  });
 }
 
 }  // namespace
 
-cudaError_t gemv_elem(int format, const uint8_t* w, const uint8_t* scales, float tensor_scale,
-                      const __nv_bfloat16* x, const float* x_scale, int x_scale_cols, const __nv_bfloat16* bias,
-                      __nv_bfloat16* y, int ldy, int M, int max_m, int N, int K, cudaStream_t stream) {
-#define B12X_LAUNCH(F) launch<F>(w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, M, max_m, N, K, stream)
-  switch (format) {
-    case FMT_FP8: return B12X_LAUNCH(FMT_FP8);
-    case FMT_FP8_BLOCK: return B12X_LAUNCH(FMT_FP8_BLOCK);
-    case FMT_MXFP8: return B12X_LAUNCH(FMT_MXFP8);
-    case FMT_NVFP4: return B12X_LAUNCH(FMT_NVFP4);
-    case FMT_MXFP4: return B12X_LAUNCH(FMT_MXFP4);
+cudaError_t gemv_elem(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
+                      __nv_bfloat16* y, int M, cudaStream_t stream) {
+  switch (p.format) {
+    case FMT_FP8: return launch<FMT_FP8>(p, x, x_scale, bias, y, M, stream);
+    case FMT_FP8_BLOCK: return launch<FMT_FP8_BLOCK>(p, x, x_scale, bias, y, M, stream);
+    case FMT_MXFP8: return launch<FMT_MXFP8>(p, x, x_scale, bias, y, M, stream);
+    case FMT_NVFP4: return launch<FMT_NVFP4>(p, x, x_scale, bias, y, M, stream);
+    case FMT_MXFP4: return launch<FMT_MXFP4>(p, x, x_scale, bias, y, M, stream);
     default: return cudaErrorInvalidValue;
   }
-#undef B12X_LAUNCH
 }
 
 }  // namespace b12x

@@ -108,30 +108,22 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <class Codec>
-cudaError_t launch(const uint8_t* w, const uint64_t* grid, const __nv_bfloat16* x, const __nv_bfloat16* bias,
-                   __nv_bfloat16* y, int M, int max_m, int N, int K, cudaStream_t stream) {
-  const dim3 block(32 * kWarpsPerBlock), blocks((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  // The max_m bucket (the caller's plan) keeps register use (one fp32 accumulator per token) proportional to M.
-  switch (max_m) {
-    case 1: gemv_kernel<Codec, 1><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
-    case 2: gemv_kernel<Codec, 2><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
-    case 4: gemv_kernel<Codec, 4><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
-    case 8: gemv_kernel<Codec, 8><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
-    case 16: gemv_kernel<Codec, 16><<<blocks, block, 0, stream>>>(w, grid, x, bias, y, M, N, K); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+cudaError_t launch(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
+                   int M, cudaStream_t stream) {
+  const dim3 block(32 * kWarpsPerBlock), blocks((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  return with_bucket(p.max_m, [&](auto bucket) {
+    gemv_kernel<Codec, decltype(bucket)::value><<<blocks, block, 0, stream>>>(p.w, p.grid, x, bias, y, M, p.N, p.K);
+  });
 }
 
 }  // namespace
 
-cudaError_t gemv_ggml(int format, const uint8_t* w, const uint64_t* grid, const __nv_bfloat16* x,
-                      const __nv_bfloat16* bias, __nv_bfloat16* y, int M, int max_m, int N, int K,
-                      cudaStream_t stream) {
-  switch (format) {
-    case FMT_Q8_0: return launch<Q8_0>(w, grid, x, bias, y, M, max_m, N, K, stream);
-    case FMT_IQ2_XXS: return launch<IQ2_XXS>(w, grid, x, bias, y, M, max_m, N, K, stream);
-    case FMT_IQ2_XS: return launch<IQ2_XS>(w, grid, x, bias, y, M, max_m, N, K, stream);
+cudaError_t gemv_ggml(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
+                      int M, cudaStream_t stream) {
+  switch (p.format) {
+    case FMT_Q8_0: return launch<Q8_0>(p, x, bias, y, M, stream);
+    case FMT_IQ2_XXS: return launch<IQ2_XXS>(p, x, bias, y, M, stream);
+    case FMT_IQ2_XS: return launch<IQ2_XS>(p, x, bias, y, M, stream);
     default: return cudaErrorInvalidValue;
   }
 }

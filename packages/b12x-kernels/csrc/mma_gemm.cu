@@ -39,18 +39,34 @@ int mma_blocks_per_sm(int format, int mt, int rt) {
   return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt); });
 }
 
-int mma_chunk_k(int format) {
-  return with_format(format, 0, [](auto f) { return decltype(f)::KB; });
+const char* mma_plan_error(const MmaPlan& p) {
+  const int ck = with_format(p.format, 0, [](auto f) { return decltype(f)::KB; });
+  if (!ck) return "mma_gemm: unknown format";
+  if (p.N < 1 || p.K < 8 || p.K % 8) return "mma_gemm: need N >= 1 and K % 8 == 0";
+  if (p.chunks * ck < p.K) return "mma_gemm: the repacked weight covers fewer than K columns";
+  if (p.mt != 1 && p.mt != 2 && p.mt != 4) return "mma_gemm: mt must be 1, 2 or 4";
+  if (p.rt != 1 && p.rt != 2) return "mma_gemm: rt must be 1 or 2";
+  if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
+  if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
+  if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
+  if (!p.codes || reinterpret_cast<uintptr_t>(p.codes) % 16) return "mma_gemm: null or misaligned codes";
+  return nullptr;
 }
 
-cudaError_t mma_gemm(const MmaArgs& a, cudaStream_t stream) {
+cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream) {
   MmaParams p{};
-  static_cast<MmaArgs&>(p) = a;
-  p.n16 = (a.N + 15) / 16;
-  p.chunks_per_split = (a.chunks + a.splits - 1) / a.splits;
+  static_cast<MmaPlan&>(p) = plan;
+  static_cast<MmaCall&>(p) = call;
+  p.n16 = (plan.N + 15) / 16;
+  p.chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  if (call.order) {
+    p.block_expert = call.table;
+    p.block_start = call.table + call.blocks;
+    p.block_rows = call.table + 2 * size_t(call.blocks);
+  }
   const int nblocks = (p.n16 + kWarps - 1) / kWarps;  // kWarps row tiles (128 rows) per CTA
-  return with_format(a.format, cudaErrorInvalidValue,
-                     [&](auto f) { return launch_cfg<decltype(f)>(a.mt, a.rt, p, nblocks, stream); });
+  return with_format(plan.format, cudaErrorInvalidValue,
+                     [&](auto f) { return launch_cfg<decltype(f)>(plan.mt, plan.rt, p, nblocks, stream); });
 }
 
 }  // namespace b12x

@@ -34,14 +34,17 @@
 namespace b12x {
 namespace mma {
 
-constexpr int kWarps = 8;  // row tiles (of 16) per CTA: 128 rows
+constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 rows, 8 / RT warps
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
 // The kernel's parameters: the host's arguments plus what it derives from them once.
-struct MmaParams : MmaArgs {
-  int n16;               // 16-row tiles per expert (the whole weight when not grouped)
-  int chunks_per_split;  // K chunks each split walks
+struct MmaParams : MmaPlan, MmaCall {
+  int n16;                  // 16-row tiles per expert (the whole weight when not grouped)
+  int chunks_per_split;     // K chunks each split walks
+  const int* block_expert;  // grouped: the block table's rows (MmaCall::table)
+  const int* block_start;
+  const int* block_rows;
 };
 
 // ---------------------------------------------------------------------------------------------- helpers
@@ -115,7 +118,7 @@ __device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
 // `mul` (MmaParams::scale_mul) is the power of two that brings bit-pattern decodes into range: the host picks it
 // so every block scale times it fits bf16, and folds its inverse into alpha.
 struct FmtFP8 {  // per-tensor FP8 (scale in alpha)
-  static constexpr int E = 16, KB = 64, META = 0, META2 = 0;
+  static constexpr int E = 16, KB = MMA_CHUNK_K_FP8, META = 0, META2 = 0;
   static constexpr bool ACC = false;
   struct S {
     uint32_t mul;
@@ -134,6 +137,8 @@ struct FmtFP8 {  // per-tensor FP8 (scale in alpha)
 struct FmtFP8Block : FmtFP8 {  // FP8_BLOCK: one fp32 scale per 128 rows × 128 k multiplies the partial sums
   static constexpr bool ACC = true;
 };
+
+static_assert(MMA_CHUNK_K_FP8_BLOCK == FmtFP8::KB && MMA_CHUNK_K_MXFP8 == FmtFP8::KB, "one 8-bit chunk");
 
 struct FmtMXFP8 : FmtFP8 {  // two E8M0 scales (32 weights each) per row and chunk; lane t uses scale t/2
   static constexpr int META = 2;
@@ -157,7 +162,8 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
 
 template <bool NV>
 struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 16: two per lane)
-  static constexpr int E = 32, KB = 128, META = NV ? 8 : 4, META2 = 0;
+  static constexpr int E = 32, KB = MMA_CHUNK_K_NVFP4, META = NV ? 8 : 4, META2 = 0;
+  static_assert(MMA_CHUNK_K_NVFP4 == MMA_CHUNK_K_MXFP4, "one FP4 chunk");
   static constexpr bool ACC = false;
   struct S {
     uint32_t mul[2];
@@ -182,7 +188,7 @@ struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 
 };
 
 struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (two per row and chunk)
-  static constexpr int E = 16, KB = 64, META = 4, META2 = 0;
+  static constexpr int E = 16, KB = MMA_CHUNK_K_Q8_0, META = 4, META2 = 0;
   static constexpr bool ACC = false;
   struct S {
     float d;
@@ -227,7 +233,7 @@ __device__ __forceinline__ void iq2_values(uint32_t sel, uint32_t mul, uint32_t 
 
 template <bool XS>
 struct FmtIQ2 {
-  static constexpr int E = 64, KB = 256, META = 2, META2 = XS ? 8 : 0;
+  static constexpr int E = 64, KB = XS ? MMA_CHUNK_K_IQ2_XS : MMA_CHUNK_K_IQ2_XXS, META = 2, META2 = XS ? 8 : 0;
   static constexpr bool ACC = true;
   static constexpr int GRID = XS ? IQ2_XS_GRID_ENTRIES : IQ2_XXS_GRID_ENTRIES;  // the 128 sign words follow
   struct S {
@@ -303,7 +309,7 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
 // each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
 template <class F, int MT, int RT>
-__global__ void __launch_bounds__(32 * 8 / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
+__global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int WARPS = 8 / RT, THREADS = 32 * WARPS;
   constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
@@ -584,7 +590,7 @@ cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t str
   auto kernel = mma_gemm_kernel<F, MT, RT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(mtiles, p.splits, nblocks), 32 * 8 / RT, bytes, stream>>>(p);
+  kernel<<<dim3(mtiles, p.splits, nblocks), 32 * kWarps / RT, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -610,7 +616,7 @@ int blocks_per_sm() {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
     return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * 8 / RT, smem_bytes<F, MT>()) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps / RT, smem_bytes<F, MT>()) != cudaSuccess)
     return 0;
   return blocks;
 }

@@ -3,8 +3,10 @@ GEMM's grouped form) and read by their kernels: token slots sorted by expert, cu
 
 A table for T·k slots has at most ⌈T·k / rows_per_block⌉ + E blocks (each expert's last block may be partial), so
 a launch over that many blocks covers any routing with no host synchronisation; blocks past the routing's work
-have expert −1 and exit at once. The table is made on the device by one Triton launch (b12x_kernels.moe_route, up
-to its MAX_SLOTS slots) or by torch ops (a parallel sort, any size): the same table either way.
+have expert −1 and exit at once. The table is one int32 [3, blocks] tensor (rows: the block's expert, its first
+sorted position, its slot count), so a kernel reads it from one pointer. It is made on the device by one Triton
+launch (b12x_kernels.moe_route, up to its MAX_SLOTS slots) or by torch ops (a parallel sort, any size): the same
+table either way.
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ def table_maker(slots: int, decode: bool) -> str:
 
 
 def block_table(ids: torch.Tensor, experts: int, rows_per_block: int, route: str = "kernel"):
-    """-> (sorted slot indices int32 [T·k], block expert int32 (−1: idle), block start, block rows), on device:
-    one Triton launch (route "kernel", up to moe_route.MAX_SLOTS slots) or torch ops (a parallel sort)."""
+    """-> (sorted slot indices int32 [T·k], blocks int32 [3, n]: per block its expert (−1: idle), first sorted
+    position and slot count), on device: one Triton launch (route "kernel", up to moe_route.MAX_SLOTS slots) or
+    torch ops (a parallel sort)."""
     from b12x_kernels import moe_route
 
     if route == "torch":
         return block_table_torch(ids, experts, rows_per_block)
     most = -(-ids.numel() // rows_per_block) + experts
     order = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
-    block_expert, start, rows = torch.empty(3, most, dtype=torch.int32, device=ids.device).unbind(0)
-    moe_route.moe_route(ids.contiguous(), experts, rows_per_block, order, block_expert, start, rows)
-    return order, block_expert, start, rows
+    blocks = torch.empty(3, most, dtype=torch.int32, device=ids.device)
+    moe_route.moe_route(ids.contiguous(), experts, rows_per_block, order, *blocks.unbind(0))
+    return order, blocks
 
 
 def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
@@ -58,4 +61,4 @@ def block_table_torch(ids: torch.Tensor, experts: int, rows_per_block: int):
     start = (torch.cumsum(counts, 0) - counts)[e] + local * rows_per_block
     rows = (counts[e] - local * rows_per_block).clamp(0, rows_per_block)
     block_expert = torch.where(valid, e, torch.full_like(e, -1))
-    return order.to(torch.int32), block_expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
+    return order.to(torch.int32), torch.stack([block_expert, start, rows]).to(torch.int32)

@@ -55,23 +55,29 @@ def outputs() -> dict[str, str]:
     return {HEADER: cuda_header(), TRITON: triton_module()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli(description: str, outputs_of, regenerate: str, argv: list[str] | None = None) -> int:
+    """`--write` / `--check` over generated files: `outputs_of()` gives repository-relative path -> text;
+    `regenerate` is the command a stale file's message names. Shared by every generator of committed files."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="the repository checkout")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", action="store_true")
     group.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     stale = []
-    for rel, text in outputs().items():
+    for rel, text in outputs_of().items():
         path = args.root / rel
         if args.write:
             path.write_text(text)
         elif not path.exists() or path.read_text() != text:
             stale.append(rel)
     for rel in stale:
-        print(f"stale: {rel} (run python -m b12x_formats.codegen --write)", file=sys.stderr)
+        print(f"stale: {rel} (run {regenerate})", file=sys.stderr)
     return 1 if stale else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(__doc__, outputs, "python -m b12x_formats.codegen --write", argv)
 
 
 if __name__ == "__main__":

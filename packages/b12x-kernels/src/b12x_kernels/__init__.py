@@ -4,12 +4,11 @@ Imports on machines without a GPU (or without the built extension: an install wi
 only the Triton kernels): `available()` says whether kernels can run here, `unavailable_reason()` why not and
 `not_built_reason()` whether the extension is missing and how to get it. No dispatch policy lives here:
 b12x_core decides what runs and with which configuration (the GEMVs' `max_m` accumulator bucket, the Triton
-tiles' block sizes, the tensor-core GEMM's token tile and K splits). Format numbers come from b12x_formats.
+tiles' block sizes, the tensor-core GEMM's token tile and K splits). Format numbers come from b12x_formats; each
+family's argument block and the tensor-core geometry from `interface` (csrc/interface.h is generated from it).
 """
 
 from __future__ import annotations
-
-from b12x_formats.kernel_facts import format_id
 
 __version__ = "0.1.0"
 
@@ -55,91 +54,23 @@ def compiled_archs() -> list[str]:
     return [] if _C is None else _C.compiled_archs().split(",")
 
 
-def gemv_ggml(
-    fmt: str, w: int, grid: int, x: int, bias: int, y: int, m: int, max_m: int, n: int, k: int, stream: int
-) -> None:
-    """y[m, n] = x @ W.T (+ bias) for m <= max_m (1, 2, 4, 8 or 16), W raw GGML blocks; all arguments are device
-    pointers / sizes."""
-    _C.gemv_ggml(format_id(fmt), w, grid, x, bias, y, m, max_m, n, k, stream)
+def _needs_build(name: str):
+    def call(*args, **kwargs):
+        raise RuntimeError(f"b12x_kernels.{name}: {not_built_reason()}")
+
+    return call
 
 
-def gemv_elem(
-    fmt: str,
-    w: int,
-    scales: int,
-    tensor_scale: float,
-    x: int,
-    x_scale: int,
-    x_scale_cols: int,
-    bias: int,
-    y: int,
-    ldy: int,
-    m: int,
-    max_m: int,
-    n: int,
-    k: int,
-    stream: int,
-) -> None:
-    """y[m, :n] (row stride ldy) = (x · x_scale) @ W.T * tensor_scale (+ bias) for FP8 / FP8_BLOCK / MXFP8 /
-    NVFP4 / MXFP4, m <= max_m (1, 2, 4, 8 or 16). x_scale (0: none) is float32 [m, x_scale_cols], one scale per
-    token (x_scale_cols 1) or per token and 128 columns (x_scale_cols ceil(k/128))."""
-    _C.gemv_elem(format_id(fmt), w, scales, tensor_scale, x, x_scale, x_scale_cols, bias, y, ldy, m, max_m, n, k,
-                 stream)  # fmt: skip
-
-
-def mma_blocks_per_sm(fmt_id: int, mt: int, rt: int) -> int:
-    """How many CTAs of the tensor-core GEMM (format id, token tile, row tiles per warp) one SM of the current
-    device holds."""
-    return _C.mma_blocks_per_sm(fmt_id, mt, rt)
-
-
-def mma_gemm(
-    fmt_id: int,
-    codes: int,
-    meta: int,
-    meta2: int,
-    block_scale: int,
-    tables: int,
-    alpha: float,
-    scale_mul: float,
-    x: int,
-    bias: int,
-    y: int,
-    ldy: int,
-    m: int,
-    n: int,
-    k: int,
-    chunks: int,
-    mt: int,
-    rt: int,
-    splits: int,
-    partials: int,
-    tickets: int,
-    stream: int,
-    *,
-    epilogue: str = "bf16",
-    row_scale: int = 0,
-    order: int = 0,
-    block_expert: int = 0,
-    block_start: int = 0,
-    block_rows: int = 0,
-    blocks: int = 0,
-    top_k: int = 0,
-) -> None:
-    """Tensor-core mixed-input GEMM over a weight in b12x_core.tensor_core.layout's layout: y[m, :n] (row stride ldy)
-    = alpha * x @ W.T (+ bias). `mt` (token tile of 8·mt), `rt` (row tiles of 16 per warp) and `splits` (K
-    splits) are the caller's choice.
-
-    `epilogue`: "bf16" (the above), "silu" (rows interleaved 8 gate / 8 up per 16: y gets silu(gate)·up, n/2
-    columns), "relu2" (max(v, 0)²) or "f32" (each K split writes fp32 partials[split, m, n], no reduction).
-    `row_scale`: float32 per weight row factor (null: none). Grouped (fused MoE) when `order` is set: the weight
-    stacks experts of n rows each and token tile b is block b of the expert-sorted block table (order,
-    block_expert, block_start, block_rows; `blocks` entries, 8·mt rows per block); a slot's input row is
-    slot // top_k (top_k > 0) or the slot, its output row the slot (csrc/kernels.h MmaArgs)."""
-    _C.mma_gemm(fmt_id, codes, meta, meta2, block_scale, tables, alpha, scale_mul, x, bias, y, ldy, m, n, k, chunks, mt,
-                rt, splits, partials, tickets, stream, epilogue, row_scale, order, block_expert, block_start,
-                block_rows, blocks, top_k)  # fmt: skip
-
-
-def embedding_q8_0(table: int, ids: int, ids_int64: bool, out: int, t: int, v: int, h: int, stream: int) -> None:
-    _C.embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
+# One binding per kernel family (csrc/module.cpp): the family's plan (interface.pack, built once at prepare time),
+# then only what changes per call. Pointers are device addresses (0: none), stream a CUDA stream handle.
+#   gemv_ggml(plan: GemvGgmlPlan, x, bias, y, m, stream)
+#   gemv_elem(plan: GemvElemPlan, x, x_scale, bias, y, m, stream)     x_scale: float32 [m, plan.x_scale_cols] or 0
+#   mma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, stream, order=0, table=0, blocks=0)
+#       grouped (fused MoE) when `order` is set: the expert-sorted block table (csrc/kernels.h MmaCall)
+#   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
+#   mma_blocks_per_sm(format_id, mt, rt): CTAs of the tensor-core GEMM one SM of the current device holds
+gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
+gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
+mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
+embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
+mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")

@@ -1,5 +1,6 @@
-"""What every backend is: a class that says whether it can run a query (`can_implement`, with the reason), and
-once prepared, which configurations it runs over a token range and how it runs one call.
+"""What every backend is: a class that says whether it can run a query (`can_implement`, with the reason) and
+which configurations it runs over a token range (`configs`: from the query alone, so a preview needs no
+weights), and once prepared (an instance holding the device weights), how it runs one call.
 
 In the manner of vLLM's linear-kernel classes: the plan (b12x_core/plan/) walks the registry, asks each class
 `can_implement(query)`, picks per token range from measured tables, then `prepare`s only the classes it picked.
@@ -114,8 +115,9 @@ class Query:
 
 class Backend:
     """Base class of every backend. A subclass sets `name` and `op`, implements `can_implement` and `run`, and
-    overrides `prepare`, `configs`, `scratch_bytes` where it needs them. Instances are prepared backends: they
-    hold what the calls read (device layouts from b12x_core.weights)."""
+    overrides `configs`, `prepare`, `reserve`, `scratch_bytes` where it needs them. The class answers questions
+    about a query (`can_implement`, `configs`); instances are prepared backends: they hold what the calls read
+    (device layouts from b12x_core.weights)."""
 
     name: ClassVar[str]
     op: ClassVar[str]  # linear | moe | embedding
@@ -141,16 +143,19 @@ class Backend:
         """Upload what the calls need (once per prepared op)."""
         return cls(query, weights)
 
-    def configs(self, lo: int, hi: int) -> list[tuple[int, int, Config]]:
-        """The configurations calls of lo..hi tokens run with: consecutive (first, last, config) covering lo..hi."""
+    @classmethod
+    def configs(cls, query: Query, lo: int, hi: int, layout: str | None = None) -> list[tuple[int, int, Config]]:
+        """The configurations calls of lo..hi tokens run with: consecutive (first, last, config) covering lo..hi.
+        Pure: from the query (and `layout`, the weight layout the plan keeps for every backend, None when each
+        reads its own), never from prepared weights, so preview and prepare agree."""
         return [(lo, hi, {})]
 
     def scratch_bytes(self, tokens: int, config: Config) -> int:
         """Scratch bytes a call of `tokens` tokens with `config` carves (workspace.carve)."""
         return 0
 
-    def reserve(self) -> None:
-        """Grow shared workspaces this backend needs beyond the scratch (prepare time)."""
+    def reserve(self, rows: list[tuple[int, int, Config]]) -> None:
+        """Grow shared workspaces this backend needs beyond the scratch for its plan rows (prepare time)."""
 
     def run(self, *args, config: Config):
         raise NotImplementedError

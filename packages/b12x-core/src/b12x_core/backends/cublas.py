@@ -54,8 +54,6 @@ class DecodeGemm(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        if weights is None:  # a preview: configurations only
-            return
         self.from_mma = weights.shared_layout == "mma"
         if self.from_mma:
             self.shards, self.row_factor = weights.mma, weights.row_factor
@@ -66,10 +64,11 @@ class DecodeGemm(Backend):
         else:
             self.stacked = weights.stacked
 
-    def configs(self, lo, hi):
-        return [(lo, hi, {"reads": "the tensor-core layout"} if getattr(self, "from_mma", False) else {})]
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        return [(lo, hi, {"reads": "the tensor-core layout"} if layout == "mma" else {})]
 
-    def reserve(self):
+    def reserve(self, rows):
         workspace.reserve_weights(self.query.device.device, self.query.n * self.query.k)
 
     def scratch_bytes(self, tokens, config):

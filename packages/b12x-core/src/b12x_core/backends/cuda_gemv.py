@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from b12x_formats.kernel_facts import ELEMENT, GGML
+from b12x_formats.kernel_facts import ELEMENT, GGML, format_id
+from b12x_kernels import interface
+from b12x_kernels.interface import GEMV_BUCKETS as BUCKETS  # the kernels' accumulator buckets (max_m)
 
 from .. import workspace
 from . import operands
 from .base import Backend, cuda_reason
 
-BUCKETS = (1, 2, 4, 8, 16)
 LAUNCH_TOKENS = BUCKETS[-1]
 ELEMENT_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static", "fp8_token", "fp8_group128")
 
@@ -46,13 +47,23 @@ class CudaGemv(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        if query.format in GGML:
-            self.blocks = weights.ggml_blocks
-            self.grid = weights.stacked.grid
-        else:
-            self.shards = weights.element_shards
+        q = query
+        # The kernels' argument blocks per accumulator bucket (and row shard): a call passes only x, y and m.
+        if q.format in GGML:
+            self.blocks, grid = weights.ggml_blocks, weights.stacked.grid
+            self.plans = {b: interface.pack(interface.GemvGgmlPlan, format=format_id(q.format),
+                                            w=self.blocks.data_ptr(), grid=0 if grid is None else grid.data_ptr(),
+                                            N=q.n, K=q.k, max_m=b) for b in BUCKETS}  # fmt: skip
+            return
+        self.shards = weights.element_shards
+        cols = operands.x_scale_cols(q.act_mode, q.k)
+        self.plans = {b: [interface.pack(interface.GemvElemPlan, format=format_id(q.format), w=s.weight.data_ptr(),
+                                         scales=0 if s.scales is None else s.scales.data_ptr(),
+                                         tensor_scale=s.tensor_scale, x_scale_cols=cols, ldy=q.n, N=s.rows, K=q.k,
+                                         max_m=b) for s in self.shards] for b in BUCKETS}  # fmt: skip
 
-    def configs(self, lo, hi):
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
         out = []
         for b in BUCKETS:
             first, last = max(lo, 1 if b == 1 else b // 2 + 1), min(hi, b)
@@ -75,22 +86,16 @@ class CudaGemv(Backend):
         if bias is not None and bias.dtype != torch.bfloat16:
             bias = bias.to(torch.bfloat16)
         stream = torch.cuda.current_stream(x2.device).cuda_stream
-        max_m = config["max_m"]
+        plans = self.plans[config["max_m"]]
         for start in range(0, m, LAUNCH_TOKENS):
             tokens = min(LAUNCH_TOKENS, m - start)
             x_row, y_row = xv[start].data_ptr(), y[start]
             if q.format in GGML:
-                b12x_kernels.gemv_ggml(
-                    q.format, self.blocks.data_ptr(), 0 if self.grid is None else self.grid.data_ptr(), x_row,
-                    0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens, max_m, q.n, q.k, stream,
-                )  # fmt: skip
+                b12x_kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
+                                       stream)  # fmt: skip
                 continue
             scale_ptr = 0 if x_scale is None else x_scale[start].data_ptr()
-            scale_cols = 0 if x_scale is None else x_scale.shape[1]
-            for s in self.shards:  # each shard writes its columns of y (row stride N)
-                b12x_kernels.gemv_elem(
-                    q.format, s.weight.data_ptr(), 0 if s.scales is None else s.scales.data_ptr(), s.tensor_scale,
-                    x_row, scale_ptr, scale_cols, 0 if bias is None else bias[s.row :].data_ptr(),
-                    y_row[s.row :].data_ptr(), q.n, tokens, max_m, s.rows, q.k, stream,
-                )  # fmt: skip
+            for s, plan in zip(self.shards, plans, strict=True):  # each shard writes its columns of y (row stride N)
+                b12x_kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
+                                       y_row[s.row :].data_ptr(), tokens, stream)  # fmt: skip
         return y

@@ -47,11 +47,18 @@ def fp8_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
     return codes.view(torch.float8_e4m3fn), row, groups
 
 
+def x_scale_cols(act_mode: str, k: int) -> int:
+    """float32 activation scales per token that bf16_operands returns: 1, ⌈k/128⌉ (fp8_group128) or 0 (none)."""
+    if act_mode not in FP8_MODES:
+        return 0
+    return _groups(k) if act_mode == "fp8_group128" else 1
+
+
 def bf16_specs(act_mode: str, m: int, k: int) -> list:
     if act_mode == "bf16":
         return []
     if act_mode in FP8_MODES:
-        return [((m, k), torch.bfloat16), ((m, _groups(k) if act_mode == "fp8_group128" else 1), torch.float32)]
+        return [((m, k), torch.bfloat16), ((m, x_scale_cols(act_mode, k)), torch.float32)]
     return [((m, k), torch.bfloat16)]
 
 

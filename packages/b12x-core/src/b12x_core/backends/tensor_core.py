@@ -27,7 +27,6 @@ class TensorCoreGemm(Backend):
     name, op = "tensor_core", "linear"
     reads = ("mma",)
     default_tokens = (1, 32)  # where it beats the GEMV and the tiles on the H200 (docs/performance.md)
-    tickets_needed = 1  # split-K tickets the largest configured call takes (configs() raises it per instance)
 
     @classmethod
     def can_implement(cls, q):
@@ -46,12 +45,12 @@ class TensorCoreGemm(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        if weights is None:  # a preview: configurations only
-            return
         self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
+        self.tickets_needed = 1  # split-K tickets of the largest call its plan rows make (reserve)
 
-    def configs(self, lo, hi):
-        q = self.query
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        q = query
         chunks = -(-q.k // geometry.chunk_k(q.format))
         slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
 
@@ -59,14 +58,16 @@ class TensorCoreGemm(Backend):
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)])
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
-        ranges = config_ranges(lo, hi, config_of)
-        for _, last, config in ranges:  # one ticket per output tile of the largest split call
-            if config["splits"] > 1:
-                tiles = geometry.output_tiles(geometry.token_tiles(last, config["tokens"] // 8), q.n)
-                self.tickets_needed = max(self.tickets_needed, tiles)
-        return ranges
+        return config_ranges(lo, hi, config_of)
 
-    def reserve(self):
+    @staticmethod
+    def tickets(query, rows) -> int:
+        """Split-K tickets the largest call of these plan rows takes: one per output tile of a split call."""
+        return max([1] + [geometry.output_tiles(geometry.token_tiles(last, config["tokens"] // 8), query.n)
+                          for _, last, config in rows if config["splits"] > 1])  # fmt: skip
+
+    def reserve(self, rows):
+        self.tickets_needed = self.tickets(self.query, rows)
         workspace.reserve_tickets(self.query.device.device, self.tickets_needed)
 
     def _partials(self, tokens, config) -> list:

@@ -57,8 +57,7 @@ class TensorCoreMoE(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        if weights is None:  # a preview: configurations only
-            return
+        self.tickets_needed = 1  # gate/up split-K tickets of the largest call its plan rows make (reserve)
         shape = query.moe
         w13, w2 = weights
         order = None
@@ -70,39 +69,42 @@ class TensorCoreMoE(Backend):
         self.w2 = experts.prepare(w2.shards, device, mma_activation_factor(shape.act_mode_2, w2.input_scale))
         self.input_scales = (w13.input_scale, w2.input_scale)
 
-    def call_config(self, tokens: int) -> dict:
+    @classmethod
+    def call_config(cls, query, tokens: int) -> dict:
         """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
-        shape = self.query.moe
+        shape = query.moe
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
         per_expert = -(-slots // touched)
         mt = geometry.token_tile(per_expert)
         busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
         splits = []
-        for fmt, n, k in ((self.query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
+        for fmt, n, k in ((query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
                                                                              shape.intermediate)):  # fmt: skip
             tiles = geometry.output_tiles(busy_blocks, n)
             chunks = -(-k // geometry.chunk_k(fmt))
-            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(self.query, fmt, mt)))
-        decode = getattr(self, "decode", None)
-        decode = decode_kernels() if decode is None else decode
-        route = table_maker(slots, decode)
+            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)))
+        route = table_maker(slots, decode_kernels())
         return {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
 
-    def configs(self, lo, hi):
-        shape = self.query.moe
-        ranges = config_ranges(lo, hi, self.call_config)
-        for _, last, config in ranges:  # gate/up split-K tickets: one per (table block, 128-row tile)
-            if config["splits"][0] > 1:
-                tiles = geometry.output_tiles(self._table_blocks(last, config), _rows13(shape))
-                self.tickets_needed = max(self.tickets_needed, tiles)
-        return ranges
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        return config_ranges(lo, hi, lambda t: cls.call_config(query, t))
 
-    def _table_blocks(self, tokens: int, config: dict) -> int:
+    @staticmethod
+    def table_blocks(query, tokens: int, config: dict) -> int:
         """Entries of the block table a call of `tokens` tokens launches over (the most any routing needs)."""
-        return -(-tokens * self.query.moe.top_k // config["tokens"]) + self.query.moe.experts
+        return -(-tokens * query.moe.top_k // config["tokens"]) + query.moe.experts
 
-    def reserve(self):
+    @classmethod
+    def tickets(cls, query, rows) -> int:
+        """Gate/up split-K tickets the largest call of these plan rows takes: one per (table block, 128-row
+        tile) of a split call."""
+        return max([1] + [geometry.output_tiles(cls.table_blocks(query, last, config), _rows13(query.moe))
+                          for _, last, config in rows if config["splits"][0] > 1])  # fmt: skip
+
+    def reserve(self, rows):
+        self.tickets_needed = self.tickets(self.query, rows)
         workspace.reserve_tickets(self.query.device.device, self.tickets_needed)
 
     def _specs(self, tokens: int, config: dict) -> list:
@@ -120,6 +122,15 @@ class TensorCoreMoE(Backend):
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(self._specs(tokens, config))
 
+    def _plans(self, mt: int, s13: int, s2: int, top_k: int) -> tuple[bytes, bytes]:
+        """Both GEMMs' kernel argument blocks: gate/up with the activation fused and its input gathered per
+        slot, down writing float32 slot rows per split for the combine."""
+        shape = self.query.moe
+        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13), shape.intermediate, shape.activation,
+                                  self.w13.row_scale, top_k)  # fmt: skip
+        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", self.w2.row_scale)
+        return w13, w2
+
     def run(self, x, topk_weights, topk_ids, *, config):
         from b12x_kernels import tiles
 
@@ -128,26 +139,21 @@ class TensorCoreMoE(Backend):
         slots = t * k
         s13, s2 = config["splits"]
         mt = config["tokens"] // 8
-        order, block_expert, start, rows = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
+        table = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
         carved = workspace.carve(x.device, self._specs(t, config))
         n_x = len(operands.bf16_specs(q.act_mode, t, shape.hidden))
         x_buffers, carved = carved[:n_x], carved[n_x:]
         partial13 = carved.pop(0) if s13 > 1 else None
         inter, *inter_buffers, out = carved
-        table = dict(order=order.data_ptr(), block_expert=block_expert.data_ptr(), block_start=start.data_ptr(),
-                     block_rows=rows.data_ptr(), blocks=block_expert.numel())  # fmt: skip
         stream = torch.cuda.current_stream(x.device).cuda_stream
         tickets = workspace.tickets(x.device, self.tickets_needed)
         s_in13, s_in2 = self.input_scales
+        plan13, plan2 = self._plans(mt, s13, s2, k)
 
         x_in, _ = operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)
         ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
-        gemm.launch(self.w13.shard, x_in.contiguous(), inter, shape.intermediate, slots,
-                        gemm.MmaConfig(mt, s13), ws13, stream, epilogue=shape.activation,
-                        row_scale=self.w13.row_scale.data_ptr(), top_k=k, **table)  # fmt: skip
+        gemm.launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, table=table)
         inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
-        gemm.launch(self.w2.shard, inter_in.contiguous(), None, 0, slots, gemm.MmaConfig(mt, s2),
-                        gemm.MmaWorkspace(out, tickets), stream, epilogue="f32",
-                        row_scale=self.w2.row_scale.data_ptr(), top_k=0, **table)  # fmt: skip
+        gemm.launch(plan2, inter_in.contiguous(), None, slots, gemm.MmaWorkspace(out, tickets), stream, table=table)
         y = torch.empty(t, shape.hidden, dtype=torch.bfloat16, device=x.device)
         return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)

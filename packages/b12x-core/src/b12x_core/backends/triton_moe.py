@@ -96,13 +96,11 @@ class TritonMoE(Backend):
         w13, w2 = weights
         self.w13, self.w2 = w13.stacked, w2.stacked  # experts stacked by rows
         self.input_scales = (w13.input_scale, w2.input_scale)
-        self.decode = decode_kernels()
 
-    def configs(self, lo, hi):
-        shape, device = self.query.moe, self.query.device
-        decode = getattr(self, "decode", None)
-        decode = decode_kernels() if decode is None else decode
-        return config_ranges(lo, hi, lambda t: call_config(shape, device, t, decode))
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        decode = decode_kernels()
+        return config_ranges(lo, hi, lambda t: call_config(query.moe, query.device, t, decode))
 
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(scratch_specs(self.query.moe, tokens, config))
@@ -115,7 +113,8 @@ class TritonMoE(Backend):
         first, second = config["gate_up"], config["down"]
         split13, split2 = config["k_split"]
         splits13, _ = splits(shape, config)
-        order, block_expert, start, rows = block_table(topk_ids, shape.experts, first["block_m"], config["route"])
+        order, blocks = block_table(topk_ids, shape.experts, first["block_m"], config["route"])
+        block_expert, start, rows = blocks.unbind(0)
         x_q, partial13, inter, inter_q, out = workspace.carve(x.device, scratch_specs(shape, t, config))
         s13, s2 = self.input_scales
         up_first = shape.w13_order == "up_gate"

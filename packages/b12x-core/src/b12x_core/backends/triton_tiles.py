@@ -14,14 +14,14 @@ from .. import workspace
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
-WAVES_PROGRAMS = 264  # about two waves on a 132-SM part: narrower column tiles below this many programs
+WAVES = 2  # narrower column tiles until about this many waves of programs (one program per SM and wave)
 
 
-def tile_config(m: int, n: int) -> dict:
-    """Tile sizes for m tokens × n output columns (one table for every format so far)."""
+def tile_config(m: int, n: int, sms: int) -> dict:
+    """Tile sizes for m tokens × n output columns on a GPU of `sms` SMs (one table for every format so far)."""
     block_m = 128 if m > 64 else 64 if m > 32 else 32 if m > 16 else 16
     block_n = 128
-    while block_n > 32 and -(-m // block_m) * -(-n // block_n) < WAVES_PROGRAMS:
+    while block_n > 32 and -(-m // block_m) * -(-n // block_n) < WAVES * sms:
         block_n //= 2
     warps = 8 if block_m == 128 and block_n == 128 else 4
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8, "num_warps": warps,
@@ -42,8 +42,9 @@ class TritonTiles(Backend):
         super().__init__(query, weights)
         self.stacked = weights.stacked
 
-    def configs(self, lo, hi):
-        return config_ranges(lo, hi, lambda m: tile_config(m, self.query.n))
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        return config_ranges(lo, hi, lambda m: tile_config(m, query.n, query.device.sms))
 
     def scratch_bytes(self, tokens, config):
         if self.query.act_mode == "bf16":

@@ -38,11 +38,9 @@ def preview(query: Query, entries=None) -> Plan:
     """The plan prepare_* would build for `query`, without preparing anything (its rows cannot run): what a GPU
     that is not here would run (docs, tests, planning a deployment)."""
     basis, never, decisions = choose(query, entries)
-    rows = []
-    for d in decisions:
-        backend = d.backend.__new__(d.backend)  # configurations depend on the query only
-        Backend.__init__(backend, query, None)
-        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in backend.configs(d.lo, d.hi)]
+    layout = shared_layout(list({d.backend for d in decisions}))
+    rows = [Row(lo, hi, d.backend, config, d) for d in decisions for lo, hi, config in d.backend.configs(
+        query, d.lo, d.hi, layout)]  # fmt: skip
     return Plan(query, basis, never, tuple(decisions), tuple(rows))
 
 
@@ -68,18 +66,20 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
         basis, never = f"{only.name} alone, as asked for", ()
         decisions = [Decision(1, query.max_tokens, only, "asked for")]
     chosen = list({d.backend for d in decisions})
-    common = common_layouts(chosen)
-    if common and hasattr(weights, "shared_layout") and weights.shared_layout not in common:
-        weights.shared_layout = shared_layout(chosen)  # the one layout every chosen backend reads
+    layout = shared_layout(chosen)  # the one layout every chosen backend reads (None: each its own)
+    if hasattr(weights, "shared_layout"):  # a linear's weights: what decode + cuBLAS reads follows them
+        if layout and weights.shared_layout not in common_layouts(chosen):
+            weights.shared_layout = layout
+        layout = weights.shared_layout
     prepared: dict[type[Backend], Backend] = {}
     rows = []
     for d in decisions:
         if d.backend not in prepared:
             prepared[d.backend] = d.backend.prepare(query, weights)
         backend = prepared[d.backend]
-        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in backend.configs(d.lo, d.hi)]
+        rows += [Row(lo, hi, backend, config, d) for lo, hi, config in d.backend.configs(query, d.lo, d.hi, layout)]
     for backend in prepared.values():
-        backend.reserve()
+        backend.reserve([(row.lo, row.hi, row.config) for row in rows if row.backend is backend])
     scratch = max(row.backend.scratch_bytes(row.hi, row.config) for row in rows)
     if scratch:
         workspace.reserve_scratch(query.device.device, scratch)

@@ -24,11 +24,12 @@ class Decision:
 
 @dataclass(frozen=True)
 class Row:
-    """A token range, its prepared backend and that backend's configuration."""
+    """A token range, its prepared backend (a preview's rows: the backend class; they cannot run) and that
+    backend's configuration."""
 
     lo: int
     hi: int
-    backend: Backend
+    backend: Backend | type[Backend]
     config: Config
     decision: Decision = field(repr=False)
 

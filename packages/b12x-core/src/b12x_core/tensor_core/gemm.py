@@ -5,7 +5,7 @@ carry their own per-tensor scales). Its configuration (token tile, K splits) is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,6 +35,24 @@ class MmaShard:
     tables: torch.Tensor | None
     alpha: float
     scale_mul: float = 1.0
+    plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
+
+    def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
+             top_k: int = 0) -> bytes:  # fmt: skip
+        """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaPlan): packed on
+        first use, then reused, so a call passes only its activations, output, token count and workspace."""
+        key = (config, ldy, epilogue, _ptr(row_scale), top_k)
+        if key not in self.plans:
+            from b12x_kernels import interface
+
+            self.plans[key] = interface.pack(
+                interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=_ptr(self.meta),
+                meta2=_ptr(self.meta2), block_scale=_ptr(self.block_scale), tables=_ptr(self.tables),
+                row_scale=_ptr(row_scale), alpha=self.alpha, scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
+                chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
+                epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k,
+            )  # fmt: skip
+        return self.plans[key]
 
 
 @dataclass(frozen=True)
@@ -122,16 +140,18 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def launch(s: MmaShard, x: torch.Tensor, y: torch.Tensor | None, ldy: int, m: int, config: MmaConfig,
-           workspace: MmaWorkspace | None, stream: int, bias=None, **grouped) -> None:  # fmt: skip
-    """One kernel launch over shard `s`: m rows of x (bf16, row stride K) into y (row stride ldy). `grouped`:
-    b12x_kernels.mma_gemm's keyword arguments (epilogue, row_scale, the block table)."""
+def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace | None,
+           stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
+    """One kernel launch of a shard's `plan` (MmaShard.plan): m rows of x (bf16, row stride K) into y. `table`:
+    the grouped form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
     import b12x_kernels
 
+    grouped = {}
+    if table:
+        order, blocks = table
+        grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
     b12x_kernels.mma_gemm(
-        s.fmt_id, s.codes.data_ptr(), _ptr(s.meta), _ptr(s.meta2), _ptr(s.block_scale), _ptr(s.tables),
-        s.alpha, s.scale_mul, x.data_ptr(), _ptr(bias), _ptr(y), ldy, m, s.n, s.k, s.chunks, config.mt, config.rt,
-        min(config.splits, s.chunks), 0 if workspace is None else workspace.partials.data_ptr(),
+        plan, x.data_ptr(), _ptr(bias), _ptr(y), m, 0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,
     )  # fmt: skip
 
@@ -141,5 +161,5 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]."""
     m = x2.shape[0]
     for s in shards:
-        launch(s, x2, y[:, s.row :], y.shape[1], m, config, workspace, stream,
+        launch(s.plan(config, y.shape[1]), x2, y[:, s.row :], m, workspace, stream,
                None if bias is None else bias[s.row :])  # fmt: skip

@@ -1,27 +1,16 @@
-"""The tensor-core GEMM's geometry, the one place b12x_core reads it from: how many weight rows a CTA covers, how
-much K one chunk holds, the token tiles, and the counts made of them (output tiles, split-K tickets, CTAs that
-run at once). The kernel (csrc/mma_gemm.cuh) is written for these values; a change here is a change there.
+"""The tensor-core GEMM's geometry as b12x_core counts with it: the kernel's own numbers (rows per CTA, K per
+chunk, token tiles) come from b12x_kernels.interface, the module csrc/interface.h is generated from; the counts
+made of them (output tiles, split-K tickets, CTAs that run at once) are here, once.
 """
 
 from __future__ import annotations
 
-import b12x_formats as bf
+from b12x_kernels.interface import LANE_BYTES, QUAD, ROWS_PER_CTA, TILE_ROWS, TOKEN_TILES, chunk_k
 
-TILE_ROWS = 16  # weight rows of one 1 KB tile (the MMA's M)
-LANE_BYTES = 16  # one 16-byte load per lane and row
-QUAD = 4  # lanes sharing a row
-ROWS_PER_CTA = 128  # csrc/mma_gemm.cu: 8 warps × 16 rows
-TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
-
-def chunk_k(fmt: str) -> int:
-    """K weights per chunk: one 16-byte load per lane, four lanes per row."""
-    spec = bf.spec(fmt)
-    if spec.packing == "ggml":
-        return spec.group_size if spec.group_size >= 256 else QUAD * LANE_BYTES
-    bits = 4 if spec.bits_per_weight < 8 else 8
-    return QUAD * LANE_BYTES * 8 // bits
+__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "LANE_BYTES", "QUAD", "ROWS_PER_CTA", "TILE_ROWS", "TOKEN_TILES", "chunk_k",
+           "occupancy_slots", "output_tiles", "token_tile", "token_tiles"]  # fmt: skip
 
 
 def token_tile(m: int) -> int:
