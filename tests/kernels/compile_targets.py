@@ -62,7 +62,7 @@ def main() -> None:
 
 
 LINEAR_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_ptr": "*u8",
-                    "col_scale_ptr": "*fp32", "row_scale_ptr": "*fp32", "x_group_ptr": "*fp32", "bias_ptr": "*bf16",
+                    "col_scale_ptr": "*fp32", "token_scale_ptr": "*fp32", "x_group_ptr": "*fp32", "bias_ptr": "*bf16",
                     "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
 DEQUANT_SIGNATURE = {"w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_ptr": "*u8", "col_scale_ptr": "*fp32",
                      "out_ptr": "*bf16", "N": "i32", "K": "i32"}  # fmt: skip
@@ -94,9 +94,9 @@ def mma_decode_constants(name: str) -> tuple[dict, dict]:
 
 def linear_kernels(arch: int, smem_kb: int) -> dict:
     out = {}
-    cfg = linear_tile_config(4096, 8192)
+    cfg = linear_tile_config(4096, 8192, sms=132)  # a prefill call on an H200-sized part: 128×128 tiles
     for name in LAYOUTS:
-        const = dict(FMT=format_id(name), X_FP8=False, ROW_SCALE=False, X_GROUPS=name == "FP8_BLOCK", HAS_BIAS=True,
+        const = dict(FMT=format_id(name), X_FP8=False, TOKEN_SCALE=False, X_GROUPS=name == "FP8_BLOCK", HAS_BIAS=True,
                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=tiles.BLOCK_K, GROUP_M=cfg["GROUP_M"])  # fmt: skip
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         out[f"linear_tiles/{name}/sm_{arch}"] = (compile_for(tiles._linear_tiles, LINEAR_SIGNATURE, const, arch, **opts),

@@ -80,9 +80,9 @@ def quantize_activation(x: torch.Tensor, mode: str, input_scale: float | None = 
     if mode in ("fp8_static", "fp8_token", "fp8_group128"):
         if mode == "fp8_static" and input_scale is None:
             raise ValueError("fp8_static activations need the checkpoint's input_scale")
-        q, row_scale, group_scale = fp8_operands(x, mode, input_scale)
-        if row_scale is not None:
-            return q.to(torch.float32) * row_scale[:, None]
+        q, token_scale, group_scale = fp8_operands(x, mode, input_scale)
+        if token_scale is not None:
+            return q.to(torch.float32) * token_scale[:, None]
         if group_scale is not None:
             return q.to(torch.float32) * group_scale.repeat_interleave(128, dim=1)[:, :k]
         return q.to(torch.float32) * torch.tensor(input_scale, dtype=torch.float32, device=x.device)

@@ -1,14 +1,14 @@
 """Prefill (large-M) linear: Triton tiles that decode packed weights to bf16 (or keep fp8) in registers and
 multiply on the tensor cores with fp32 accumulation. One source for SM90 and SM12x.
 
-y[m, n] = (Σ_k x[m, k] · w[n, k] · group_scale) · col_scale[n] · row_scale[m] + bias[n]
+y[m, n] = (Σ_k x[m, k] · w[n, k] · group_scale) · col_scale[n] · token_scale[m] + bias[n]
 
 - x: bf16, or fp8 e4m3 for FP8/FP8_BLOCK weights with fp8 activations (then the dot runs in fp8).
 - w: decoded per format (FORMATS below) to values that bf16 holds exactly wherever the format allows
   (e4m3, e2m1·e4m3, e4m3·2^e); Q8_0 and IQ2 products d·q round once to bf16.
 - col_scale [N] float32: per-tensor factors expanded per output row (FP8 weight_scale, NVFP4 weight_scale_2,
   a static activation scale), so fused shards with their own scales run as one weight.
-- row_scale [M] float32 (optional): dynamic per-token activation scales.
+- token_scale [M] float32 (optional): dynamic per-token activation scales.
 - group scales: FP8_BLOCK's weight scales expanded to one row per output row ([N, ⌈K/128⌉], so fused shards of
   any height concatenate) and optional 1×128 activation scales [M, ⌈K/128⌉], applied per K step of 128.
 
@@ -157,9 +157,9 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every batch size (CUDA graphs capture many)
 def _linear_tiles(
-    x_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, row_scale_ptr, x_group_ptr, bias_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, grid_ptr, sign_ptr, col_scale_ptr, token_scale_ptr, x_group_ptr, bias_ptr, y_ptr,
     M, N, K,
-    FMT: tl.constexpr, X_FP8: tl.constexpr, ROW_SCALE: tl.constexpr, X_GROUPS: tl.constexpr,
+    FMT: tl.constexpr, X_FP8: tl.constexpr, TOKEN_SCALE: tl.constexpr, X_GROUPS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -195,8 +195,8 @@ def _linear_tiles(
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     acc = acc * tl.load(col_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
-    if ROW_SCALE:
-        acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    if TOKEN_SCALE:
+        acc = acc * tl.load(token_scale_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -213,7 +213,7 @@ def linear_tiles(
     *,
     grid_table=None,
     sign_table=None,
-    row_scale=None,
+    token_scale=None,
     x_group_scale=None,
     bias=None,
     config: dict,
@@ -234,10 +234,10 @@ def linear_tiles(
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _linear_tiles[grid](
         x, weight, dummy if scales is None else scales, dummy if grid_table is None else grid_table,
-        dummy if sign_table is None else sign_table, col_scale, dummy if row_scale is None else row_scale,
+        dummy if sign_table is None else sign_table, col_scale, dummy if token_scale is None else token_scale,
         dummy if x_group_scale is None else x_group_scale, dummy if bias is None else bias, out,
         m, n, k,
-        FMT=format_id(fmt), X_FP8=x.element_size() == 1, ROW_SCALE=row_scale is not None,
+        FMT=format_id(fmt), X_FP8=x.element_size() == 1, TOKEN_SCALE=token_scale is not None,
         X_GROUPS=x_group_scale is not None, HAS_BIAS=bias is not None,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=BLOCK_K, GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

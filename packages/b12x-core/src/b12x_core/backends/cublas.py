@@ -123,11 +123,11 @@ class ScaledMM(Backend):
 
     def run(self, x2, bias, *, config):
         q = self.query
-        xq, row_scale, _ = operands.fp8_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
+        xq, token_scale, _ = operands.fp8_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
         m = xq.shape[0]
         pad = _pad(m) - m
         ones = torch.ones(m + pad, 1, dtype=torch.float32, device=xq.device)
-        scale_a = ones if row_scale is None else torch.cat([row_scale, ones[m:, 0]]).reshape(-1, 1)
+        scale_a = ones if token_scale is None else torch.cat([token_scale, ones[m:, 0]]).reshape(-1, 1)
         if pad:
             xq = torch.cat([xq, torch.zeros(pad, q.k, dtype=xq.dtype, device=xq.device)])
         bias = None if bias is None else bias.to(torch.bfloat16)

@@ -58,14 +58,14 @@ class TritonTiles(Backend):
 
         q, tw = self.query, self.stacked
         x2 = x2.contiguous()
-        row_scale = group_scale = None
+        token_scale = group_scale = None
         if q.act_mode in operands.FP8_MODES:  # the dot runs in fp8 (FP8 / FP8_BLOCK weights)
-            xq, row_scale, group_scale = operands.fp8_operands(x2, q.act_mode, self.weights.input_scale)
+            xq, token_scale, group_scale = operands.fp8_operands(x2, q.act_mode, self.weights.input_scale)
         else:
             xq, _ = operands.bf16_operands(x2, q.act_mode, self.weights.input_scale)
         y = torch.empty(x2.shape[0], q.n, dtype=torch.bfloat16, device=x2.device)
         tiles.linear_tiles(
             q.format, xq, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
-            row_scale=row_scale, x_group_scale=group_scale, bias=bias, config=config,
+            token_scale=token_scale, x_group_scale=group_scale, bias=bias, config=config,
         )  # fmt: skip
         return y

@@ -1,12 +1,14 @@
 """The tensor-core mixed-input GEMM family (b12x_kernels.mma_gemm, csrc/mma_gemm.cuh; Marlin class), everything
 b12x_core knows about it in one folder:
 
-- geometry.py: the kernel's shape facts (rows per CTA, K chunk per format, token tiles) and the counts made of
-  them (output tiles, split-K tickets, CTAs that run at once); every caller counts through these.
+- geometry.py: the kernel's shape facts (rows per CTA, K chunk per format, token tiles: b12x_kernels.interface, which
+  the kernel's header is generated from) and the counts made of them (output tiles, split-K tickets, CTAs that run
+  at once); every caller counts through these.
 - layout.py: the weight's repacked layout (lane-ordered 1 KB tiles), lossless `pack` / `unpack`.
-- gemm.py: row shards on the device (`prepare`), the configuration (token tile, K split) and the launch.
+- gemm.py: row shards on the device (`prepare`), their kernel argument blocks (`MmaShard.plan`), the configuration
+  (token tile, K split) and the launch.
 - experts.py: an MoE's experts stacked into one weight for the grouped form, with per-row factors.
 
-Its backends (backends/tensor_core.py, backends/tensor_core_moe.py) and the decode + cuBLAS path
+Its backends (backends/tensor_core.py, backends/tensor_core_moe.py) and decode + cuBLAS
 (backends/cublas.py, which reads the same layout) use these modules and nothing of each other.
 """

@@ -1,5 +1,6 @@
-"""The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) as a linear path: weights repacked once by
-tensor_core.layout, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
+"""The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) for a linear's row shards: weights repacked once by
+tensor_core.layout, each shard's kernel argument block (b12x_kernels.interface.MmaPlan) packed once per
+configuration, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
 carry their own per-tensor scales). Its configuration (token tile, K splits) is an argument: the caller chooses.
 """
 
