@@ -63,8 +63,15 @@ constexpr int smem_bytes() {  // two x buffers of 8·NT tokens × one chunk
 
 #ifdef B12X_WGMMA_DEVICE
 // ---------------------------------------------------------------------------------------------- wgmma helpers
-constexpr uint32_t kLBO = 128;  // bytes from the k 0-7 core matrix to the k 8-15 one
-constexpr uint32_t kSBO = 256;  // bytes from one 8-token core matrix pair to the next
+// The layout puts the k 0-7 and k 8-15 core matrices of a token group 128 bytes apart and token groups 256 bytes
+// apart. LBO is the K-direction distance and SBO the token-direction one (PTX ISA, K-major, no swizzle); building
+// with -DB12X_WGMMA_SWAP_LBO_SBO swaps the two fields (a diagnosis aid should the hardware read them the other way:
+// nt = 1 never uses SBO, so nt = 1 right and nt >= 2 wrong points at SBO).
+#ifndef B12X_WGMMA_SWAP_LBO_SBO
+constexpr uint32_t kLBO = 128, kSBO = 256;
+#else
+constexpr uint32_t kLBO = 256, kSBO = 128;
+#endif
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -317,11 +324,11 @@ cudaError_t launch(const Params& p, cudaStream_t stream) {
   constexpr int bytes = smem_bytes<F, NT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   auto kernel = wgmma_gemm_kernel<F, NT>;
-  // Only the sm_90a binary has the kernel body: refuse any other image (a build without sm_90a, another device).
+  // On a 9.0 device (wgmma_gemm checked) the only image this object holds that can load is sm_90a: a build
+  // without it fails here with cudaErrorNoKernelImageForDevice (no PTX is embedded to fall back on).
   cudaFuncAttributes attr{};
   cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   if (err != cudaSuccess) return err;
-  if (attr.binaryVersion != 90) return cudaErrorNoKernelImageForDevice;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.M + 8 * NT - 1) / (8 * NT), (p.n16 + kWarps - 1) / kWarps);
