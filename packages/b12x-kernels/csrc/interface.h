@@ -75,4 +75,20 @@ struct MmaPlan {
 };
 static_assert(sizeof(MmaPlan) == 104, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 
+// wgmma_gemm (sm_90a prototype): y[m·ldy + n] = bf16(alpha · sum_k x·W + bias[n]) over mma_gemm's tile layout.
+struct WgmmaPlan {
+  int format;                     // FMT_FP8, FMT_MXFP8, FMT_NVFP4, FMT_MXFP4 or FMT_Q8_0
+  const uint8_t* codes;           // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
+  const uint8_t* meta;            // per (row, chunk) block-scale bytes, row-blocked; null for FP8
+  const uint8_t* meta2;           // unused by the supported formats (null)
+  float alpha;                    // per-tensor scale of the result
+  float scale_mul;                // power of two multiplying block scales in the decode (alpha holds its inverse)
+  int ldy;                        // row stride of y
+  int N;                          // weight rows
+  int K;                          // a multiple of 8
+  int chunks;                     // K chunks in the repacked weight (K padded to the format's chunk)
+  int nt;                         // token tile of 8·nt tokens (1, 2, 4, 8 or 16): the wgmma's N
+};
+static_assert(sizeof(WgmmaPlan) == 64, "WgmmaPlan: b12x_kernels/interface.py lays it out differently");
+
 }  // namespace b12x

@@ -129,6 +129,22 @@ PYBIND11_MODULE(_C, m) {
       py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
       py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0);
 
+  // The Hopper wgmma prototype (csrc/wgmma_gemm.cu): no plan picks it; b12x_core.tensor_core.wgmma calls it.
+  m.def(
+      "wgmma_gemm",
+      [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
+         std::uintptr_t stream) {
+        const auto p = plan_of<b12x::WgmmaPlan>(plan_bytes, "wgmma_gemm");
+        if (const char* error = b12x::wgmma_plan_error(p)) throw std::invalid_argument(error);
+        if (M < 1) throw std::invalid_argument("wgmma_gemm: need M >= 1");
+        if (!x || !y || x % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned x / y");
+        if (y % 2 || bias % 2) throw std::invalid_argument("wgmma_gemm: misaligned y / bias");
+        check(b12x::wgmma_gemm(p, ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y),
+                               M, stream_of(stream)),
+              "wgmma_gemm launch");
+      },
+      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("stream"));
+
   m.def(
       "embedding_q8_0",
       [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,

@@ -67,10 +67,12 @@ def _needs_build(name: str):
 #   gemv_elem(plan: GemvElemPlan, x, x_scale, bias, y, m, stream)     x_scale: float32 [m, plan.x_scale_cols] or 0
 #   mma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, stream, order=0, table=0, blocks=0)
 #       grouped (fused MoE) when `order` is set: the expert-sorted block table (csrc/kernels.h MmaCall)
+#   wgmma_gemm(plan: WgmmaPlan, x, bias, y, m, stream)   Hopper (sm_90a) prototype of mma_gemm; no plan picks it
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
 #   mma_blocks_per_sm(format_id, mt, rt): CTAs of the tensor-core GEMM one SM of the current device holds
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
 mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
+wgmma_gemm = getattr(_C, "wgmma_gemm", None) or _needs_build("wgmma_gemm")  # an older _C lacks it
 embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")

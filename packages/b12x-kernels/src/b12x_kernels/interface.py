@@ -34,6 +34,8 @@ QUAD = 4  # lanes sharing a row
 TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
+WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # the Hopper wgmma prototype's nt: 8·nt tokens per CTA (wgmma's N)
+WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # its decodes need no per-chunk fp32 scale
 
 
 def chunk_k(fmt: str) -> int:
@@ -113,7 +115,25 @@ MmaPlan = _block(
     ],
 )
 
-BLOCKS = (GemvGgmlPlan, GemvElemPlan, MmaPlan)
+WgmmaPlan = _block(
+    "WgmmaPlan",
+    "wgmma_gemm (sm_90a prototype): y[m·ldy + n] = bf16(alpha · sum_k x·W + bias[n]) over mma_gemm's tile layout.",
+    [
+        ("format", "int", "FMT_FP8, FMT_MXFP8, FMT_NVFP4, FMT_MXFP4 or FMT_Q8_0"),
+        ("codes", "const uint8_t*", "code tiles (16 rows × one chunk of K, lane order), 16-byte aligned"),
+        ("meta", "const uint8_t*", "per (row, chunk) block-scale bytes, row-blocked; null for FP8"),
+        ("meta2", "const uint8_t*", "unused by the supported formats (null)"),
+        ("alpha", "float", "per-tensor scale of the result"),
+        ("scale_mul", "float", "power of two multiplying block scales in the decode (alpha holds its inverse)"),
+        ("ldy", "int", "row stride of y"),
+        ("N", "int", "weight rows"),
+        ("K", "int", "a multiple of 8"),
+        ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
+        ("nt", "int", "token tile of 8·nt tokens (1, 2, 4, 8 or 16): the wgmma's N"),
+    ],
+)
+
+BLOCKS = (GemvGgmlPlan, GemvElemPlan, MmaPlan, WgmmaPlan)
 
 
 def pack(block: type[ctypes.Structure], **fields) -> bytes:

@@ -1,0 +1,137 @@
+"""The Hopper warpgroup-MMA prototype (b12x_core.tensor_core.wgmma; csrc/wgmma_gemm.cu) against the mma.sync
+tensor-core GEMM over the same repacked weights and bf16 F.linear, per Llama-3.1-8B decoder layer (qkv 6144×4096,
+o 4096×4096, gate_up 28672×4096, down 4096×14336), NVFP4 and FP8, M ∈ {16, 32, 64, 128, 256}. Needs an sm_90 GPU.
+
+    python benchmarks/wgmma_linear.py --out wgmma.json [--ms 16,32,...] [--formats NVFP4,FP8] [--replays 40]
+
+Method (mma_linear.py's, decode_linear.py's helpers): one CUDA graph runs the layer on each of several weight
+copies (together more than 4× L2, so weights come from HBM), replayed between CUDA events; per-layer time = median
+replay time / copies. Weights are random valid codes written straight into the kernels' layout (mma_linear's
+random_shard, with the decode's power-of-two range set so values are ordinary). The wgmma kernel is timed at every
+token tile nt (8·nt tokens per CTA, all four linears alike) and the best is reported; the mma.sync kernel at the
+tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
+(format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from decode_linear import copies_for, copy_bandwidth, time_graph
+from mma_linear import random_shard, shard_bytes
+
+from b12x_core.tensor_core import gemm, geometry, wgmma
+
+LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+FORMATS = "NVFP4,FP8"
+MS = "16,32,64,128,256"
+SCALE_MUL = {"FP8": 2.0**120, "NVFP4": 2.0**123}  # layout._decode_range for random_shard's scales (E4M3 ≤ 1.875)
+
+
+def shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
+    s = random_shard(fmt, n, k)
+    s.scale_mul = SCALE_MUL[fmt]
+    s.alpha = 0.01 / s.scale_mul * (2.0**120 if fmt == "FP8" else 2.0**126)  # results of ordinary size
+    return s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", default=FORMATS)
+    parser.add_argument("--ms", default=MS)
+    parser.add_argument("--replays", type=int, default=40)
+    parser.add_argument("--out", default="wgmma_linear.json")
+    args = parser.parse_args()
+    started = time.time()
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit(f"wgmma_gemm runs on sm_90 only, this is {torch.cuda.get_device_name()}")
+    torch.manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = copy_bandwidth()
+    ms = [int(m) for m in args.ms.split(",")]
+    layer_params = sum(n * k for _, n, k in LLAMA8B)
+    name = torch.cuda.get_device_name()
+    print(f"# {name}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-8B layer, {layer_params / 1e6:.0f} M weights")
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = []
+
+    bf16 = [[torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _, n, k in LLAMA8B]
+            for _ in range(copies_for(2 * layer_params))]  # fmt: skip
+    base = {}
+    for m in ms:
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
+        t = time_graph(lambda i: [F.linear(xs[w.shape[1]], w) for w in bf16[i]], len(bf16), args.replays)
+        base[m] = t
+        rows.append(dict(m=m, format="bf16", kernel="F.linear", config="", us=t, gbs=2 * layer_params / t / 1e3))
+    bf16 = None
+    torch.cuda.empty_cache()
+
+    for fmt in args.formats.split(","):
+        one_layer = [shard(fmt, n, k) for _, n, k in LLAMA8B]
+        nbytes = sum(shard_bytes(s) for s in one_layer)
+        layers = [one_layer] + [[shard(fmt, n, k) for _, n, k in LLAMA8B] for _ in range(copies_for(nbytes) - 1)]
+        for m in ms:
+            xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
+            ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
+            slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
+            configs = [gemm.default_config(m, s.n, s.chunks, slots) for s in one_layer]
+            wss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs,
+                                                                                         strict=True)]  # fmt: skip
+
+            def mma_layer(i, configs=configs, wss=wss, xs=xs, ys=ys):
+                for s, c, ws in zip(layers[i], configs, wss, strict=True):
+                    gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
+
+            def wgmma_layer(i, nt, xs=xs, ys=ys):
+                for s in layers[i]:
+                    wgmma.run(xs[s.k], [s], ys[s.n], None, nt, stream)
+
+            # check: the same bytes through both kernels (first copy), before any timing
+            check = 0.0
+            for s, c, ws in zip(one_layer, configs, wss, strict=True):
+                ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
+                gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
+                for nt in wgmma.TOKEN_TILES:
+                    y = torch.full_like(ref, float("nan"))
+                    wgmma.run(xs[s.k], [s], y, None, nt, stream)
+                    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+                    check = max(check, err if err == err else float("inf"))  # NaN: never written, or wrong
+            t_mma = time_graph(mma_layer, len(layers), args.replays)
+            label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
+            rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3))
+            per_nt = {}
+            for nt in wgmma.TOKEN_TILES:
+                if 8 * nt > max(8, 2 * m):  # a tile more than twice the tokens only adds padding
+                    continue
+                per_nt[nt] = time_graph(lambda i, nt=nt: wgmma_layer(i, nt), len(layers), args.replays)
+            best = min(per_nt, key=per_nt.get)
+            t_w = per_nt[best]
+            rows.append(dict(m=m, format=fmt, kernel="wgmma", config=f"nt={best}", us=t_w, gbs=nbytes / t_w / 1e3,
+                             per_nt_us=per_nt, check=check))  # fmt: skip
+            print(f"M={m:<4} {fmt:<6} bf16 {base[m]:8.1f} µs | mma {t_mma:8.1f} µs [{label}] | wgmma {t_w:8.1f} µs "
+                  f"[nt={best}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
+                  + " ".join(f"nt{nt}:{v:.0f}" for nt, v in per_nt.items())
+                  + f" | check {check:.1e}", flush=True)  # fmt: skip
+        layers = one_layer = None
+        torch.cuda.empty_cache()
+
+    print(f"\n{'M':>5} {'format':<7} {'bf16 µs':>9} {'mma µs':>9} {'wgmma µs':>9} {'best nt':>8} {'wgmma/mma':>10} "
+          f"{'check':>8}")  # fmt: skip
+    for r in rows:
+        if r["kernel"] != "wgmma":
+            continue
+        mma = next(x for x in rows if x["m"] == r["m"] and x["format"] == r["format"] and x["kernel"] == "mma")
+        print(f"{r['m']:>5} {r['format']:<7} {base[r['m']]:9.1f} {mma['us']:9.1f} {r['us']:9.1f} {r['config']:>8} "
+              f"{mma['us'] / r['us']:10.2f} {r['check']:8.1e}")  # fmt: skip
+    with open(args.out, "w") as f:
+        json.dump({"device": name, "copy_gbs": bw, "sms": sms, "rows": rows, "seconds": time.time() - started}, f,
+                  indent=1)  # fmt: skip
+    print(f"# {time.time() - started:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
