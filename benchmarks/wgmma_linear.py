@@ -56,7 +56,6 @@ def main() -> None:
     layer_params = sum(n * k for _, n, k in LLAMA8B)
     name = torch.cuda.get_device_name()
     print(f"# {name}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-8B layer, {layer_params / 1e6:.0f} M weights")
-    stream = torch.cuda.current_stream().cuda_stream
     rows = []
 
     bf16 = [[torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _, n, k in LLAMA8B]
@@ -82,16 +81,19 @@ def main() -> None:
             wss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs,
                                                                                          strict=True)]  # fmt: skip
 
+            # the stream is read per call: time_graph captures on a stream of its own
             def mma_layer(i, configs=configs, wss=wss, xs=xs, ys=ys):
+                stream = torch.cuda.current_stream().cuda_stream
                 for s, c, ws in zip(layers[i], configs, wss, strict=True):
                     gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
 
             def wgmma_layer(i, nt, xs=xs, ys=ys):
+                stream = torch.cuda.current_stream().cuda_stream
                 for s in layers[i]:
                     wgmma.run(xs[s.k], [s], ys[s.n], None, nt, stream)
 
             # check: the same bytes through both kernels (first copy), before any timing
-            check = 0.0
+            check, stream = 0.0, torch.cuda.current_stream().cuda_stream
             for s, c, ws in zip(one_layer, configs, wss, strict=True):
                 ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
                 gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
