@@ -97,6 +97,8 @@ def tile_configs(rows: list, n: int, k: int) -> None:
     """The tiles alone (bf16 activations) under each configuration, to retune the Triton tiles backend's
     tile_config."""
     from b12x_core.backends.triton_tiles import tile_config
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     from b12x_core.weights import stack
     from b12x_kernels import tiles
 
@@ -108,17 +110,18 @@ def tile_configs(rows: list, n: int, k: int) -> None:
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             timed = {}
             for cfg in TILE_CONFIGS:
+                merged = {**tile_config(m, n, sms), **cfg}
 
-                def run(i, cfg=cfg):
+                def run(i, merged=merged):
                     return tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid,
-                                              sign_table=tw.signs, config={**tile_config(m, n), **cfg})  # fmt: skip
+                                              sign_table=tw.signs, config=merged)  # fmt: skip
 
                 try:
                     timed[tuple(cfg.values())] = time_graph(run, 1, replays=30)
                 except Exception as err:  # a configuration the GPU cannot hold (shared memory)
                     print(f"  {fmt} M={m} {cfg}: {type(err).__name__}")
             best = min(timed, key=timed.get)
-            d = tile_config(m, n)
+            d = tile_config(m, n, sms)
             default = (d["BLOCK_N"], d["num_warps"], d["num_stages"])
             rows.append(dict(part="tile_configs", format=fmt, m=m, times={str(c): t for c, t in timed.items()}))
             print(f"  {fmt:<8} M={m:<4} best (BLOCK_N, warps, stages)={best}: {timed[best]:.1f} µs; default "

@@ -167,7 +167,7 @@ def test_gpu_tiles_write_every_output_and_replay_in_graphs(rng, fmt):
     tw = stack([qw], "bf16", None, "cuda")
     y = torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
     tiles.linear_tiles(fmt, x, tw.weight, tw.scales, tw.col_scale, y, grid_table=tw.grid, sign_table=tw.signs,
-                       config=tile_config(300, 200))  # fmt: skip
+                       config=tile_config(300, 200, torch.cuda.get_device_properties(0).multi_processor_count))  # fmt: skip
     close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
     eager = bc.linear(x, lin)
     graph, out = capture(lambda: bc.linear(x, lin))
