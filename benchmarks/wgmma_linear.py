@@ -2,7 +2,8 @@
 tensor-core GEMM over the same repacked weights and bf16 F.linear, per Llama-3.1-8B decoder layer (qkv 6144×4096,
 o 4096×4096, gate_up 28672×4096, down 4096×14336), NVFP4 and FP8, M ∈ {16, 32, 64, 128, 256}. Needs an sm_90 GPU.
 
-    python benchmarks/wgmma_linear.py --out wgmma.json [--ms 16,32,...] [--formats NVFP4,FP8] [--replays 40]
+    python benchmarks/wgmma_linear.py --out wgmma.json [--png wgmma.png] [--ms 16,32,...] [--formats NVFP4,FP8]
+    python benchmarks/wgmma_linear.py --from-json wgmma.json --png wgmma.png      # the plot of a saved run
 
 Method (mma_linear.py's, decode_linear.py's helpers): one CUDA graph runs the layer on each of several weight
 copies (together more than 4× L2, so weights come from HBM), replayed between CUDA events; per-layer time = median
@@ -45,7 +46,14 @@ def main() -> None:
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="wgmma_linear.json")
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--from-json", default=None, help="plot a saved run (no GPU)")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        plot(saved["rows"], saved["device"], args.png or args.from_json.replace(".json", ".png"))
+        return
     started = time.time()
     if torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit(f"wgmma_gemm runs on sm_90 only, this is {torch.cuda.get_device_name()}")
@@ -133,6 +141,32 @@ def main() -> None:
         json.dump({"device": name, "copy_gbs": bw, "sms": sms, "rows": rows, "seconds": time.time() - started}, f,
                   indent=1)  # fmt: skip
     print(f"# {time.time() - started:.0f} s; wrote {args.out}")
+    if args.png:
+        plot(rows, name, args.png)
+
+
+def plot(rows: list, device: str, path: str) -> None:
+    """Speed-up over bf16 F.linear against M, per format: the mma.sync kernel and the wgmma prototype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = {r["m"]: r["us"] for r in rows if r["kernel"] == "F.linear"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for fmt in dict.fromkeys(r["format"] for r in rows if r["kernel"] != "F.linear"):
+        for kernel, style in (("mma", "--"), ("wgmma", "-")):
+            pts = sorted((r["m"], base[r["m"]] / r["us"]) for r in rows if r["format"] == fmt and r["kernel"] == kernel)
+            ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{fmt} {kernel}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.95, color="red", lw=0.8, ls=":", label="issue 22 goal (0.95×)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens M")
+    ax.set_ylabel("× bf16 F.linear (Llama-3.1-8B layer)")
+    ax.set_title(f"wgmma prototype vs mma.sync, {device}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
