@@ -16,7 +16,9 @@ import triton
 import triton.language as tl
 
 from b12x_formats.kernel_facts import FORMAT_IDS, format_id
+from b12x_formats.quantized import codec_for
 
+from .element_decode import e2m1_value, e8m0_value
 from .format_facts import (
     FMT_FP8,
     FMT_FP8_BLOCK,
@@ -27,7 +29,6 @@ from .format_facts import (
     FMT_Q8_0,
     FP8_BLOCK_SIZE,
 )
-from .tiles import _e2m1, _e8m0
 
 BLOCK_N = tl.constexpr(16)  # one row tile per program
 
@@ -79,7 +80,7 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
         else:
             w = byte.to(tl.float32)
             if FMT == FMT_MXFP8:
-                w = (w * _e8m0(tl.load(meta_ptr + row_meta * META + kk // 32))).to(tl.bfloat16).to(tl.float32)
+                w = (w * e8m0_value(tl.load(meta_ptr + row_meta * META + kk // 32))).to(tl.bfloat16).to(tl.float32)
     elif FMT == FMT_NVFP4 or FMT == FMT_MXFP4:  # word w holds weights 8w .. 8w+7; pair p's bits at fields[4p..]
         tb3 = tl.expand_dims(tile_bytes, 2)
         word = _chunk_word(codes_ptr, tb3, tl.arange(0, KB // 8)[None, :, None])  # one load per 8 weights
@@ -92,8 +93,8 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
         if FMT == FMT_NVFP4:
             s = tl.load(meta_ptr + row_meta * META + kk // 16).to(tl.float32)  # meta_ptr: an fp8 tensor
         else:
-            s = _e8m0(tl.load(meta_ptr + row_meta * META + kk // 32))
-        w = (_e2m1(code) * s).to(tl.bfloat16).to(tl.float32)
+            s = e8m0_value(tl.load(meta_ptr + row_meta * META + kk // 32))
+        w = (e2m1_value(code) * s).to(tl.bfloat16).to(tl.float32)
     else:  # IQ2_XXS / IQ2_XS: the chunk is one 256-weight block; group g of 8 weights, element e of the group
         tb3 = tl.expand_dims(tile_bytes, 2)
         rm3 = tl.expand_dims(row_meta, 2)
@@ -131,11 +132,12 @@ def dequantize_mma(fmt: str, codes, meta, meta2, block_scale, grid_table, sign_t
     if fmt not in FORMAT_IDS:
         raise ValueError(f"dequantize_mma: unknown format {fmt!r}; known {tuple(FORMAT_IDS)}")
     n, k = out.shape
-    if fmt in ("FP8", "FP8_BLOCK", "MXFP8"):  # e4m3 codes: load them as fp8 (exact conversion in the kernel)
+    spec = codec_for(fmt).spec  # the format's facts, never its name
+    if spec.packing != "ggml" and spec.bits_per_weight >= 8:  # e4m3 codes: loaded as fp8 (exact in the kernel)
         codes = codes.view(torch.float8_e4m3fn)
-    if "NVFP4" in fmt:  # e4m3 block scales
+    if spec.block_scale_code == "e4m3":  # e4m3 block scales (NVFP4)
         meta = meta.view(torch.float8_e4m3fn)
-    if "FP4" in fmt or fmt.startswith("IQ2"):  # read a word at a time
+    if spec.bits_per_weight < 8:  # sub-byte codes (E2M1, IQ2): read a word at a time
         codes = codes.view(torch.int32)
     dummy = row_factor
     padded_rows = triton.cdiv(n, BLOCK_N.value) * BLOCK_N.value

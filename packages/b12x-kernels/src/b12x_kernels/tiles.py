@@ -24,6 +24,7 @@ import triton.language as tl
 
 from b12x_formats.kernel_facts import FORMAT_IDS, format_id
 
+from .element_decode import e2m1_value, e8m0_value
 from .format_facts import (
     E8M0_BIAS,
     FMT_FP8,
@@ -55,23 +56,6 @@ BLOCK_K = FP8_BLOCK_SIZE.value
 
 
 @triton.jit
-def _e8m0(e):
-    """uint8 E8M0 codes -> float32 2^(e-127), exactly (0 -> 2^-127): E8M0's bias is float32's exponent bias, so the
-    code is the float's exponent field."""
-    bits = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    return tl.where(e == 0, 5.877471754111438e-39, bits)
-
-
-@triton.jit
-def _e2m1(c):
-    """4-bit E2M1 codes (int32) -> float32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives."""
-    m = c & 7
-    big = (2 + (m & 1)).to(tl.float32) * (1 << (m >> 1)).to(tl.float32) * 0.25
-    mag = tl.where(m < 2, m.to(tl.float32) * 0.5, big)
-    return tl.where((c & 8) != 0, -mag, mag)
-
-
-@triton.jit
 def _fp16_at(ptr):
     """The little-endian fp16 at byte pointer(s) `ptr`, as float32."""
     lo = tl.load(ptr).to(tl.uint16)
@@ -93,7 +77,7 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
             G: tl.constexpr = BLOCK_K // MX_GROUP
             kg = k0 // MX_GROUP + tl.arange(0, G)[None, :]
             e = tl.load(s_ptr + n * (K // MX_GROUP) + kg, mask=n_ok & (kg < K // MX_GROUP), other=E8M0_BIAS)
-            w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, G, MX_GROUP)) * _e8m0(e)[:, :, None]
+            w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, G, MX_GROUP)) * e8m0_value(e)[:, :, None]
             w = tl.reshape(w3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
         elif not KEEP_FP8:
             w = w.to(tl.bfloat16)
@@ -102,14 +86,14 @@ def _decode(w_ptr, s_ptr, grid_ptr, sign_ptr, offs_n, k0, N, K,
         H: tl.constexpr = BLOCK_K // 2
         kb = k0 // 2 + tl.arange(0, H)[None, :]
         b = tl.load(w_ptr + n * (K // 2) + kb, mask=n_ok & (kb < K // 2), other=0).to(tl.int32)
-        v = tl.reshape(tl.join(_e2m1(b & 15), _e2m1(b >> 4)), (BLOCK_N, BLOCK_K))
+        v = tl.reshape(tl.join(e2m1_value(b & 15), e2m1_value(b >> 4)), (BLOCK_N, BLOCK_K))
         GS: tl.constexpr = NVFP4_GROUP if FMT == FMT_NVFP4 else MX_GROUP
         G: tl.constexpr = BLOCK_K // GS
         kg = k0 // GS + tl.arange(0, G)[None, :]
         if FMT == FMT_NVFP4:
             s = tl.load(s_ptr + n * (K // GS) + kg, mask=n_ok & (kg < K // GS), other=0.0).to(tl.float32)
         else:
-            s = _e8m0(tl.load(s_ptr + n * (K // GS) + kg, mask=n_ok & (kg < K // GS), other=E8M0_BIAS))
+            s = e8m0_value(tl.load(s_ptr + n * (K // GS) + kg, mask=n_ok & (kg < K // GS), other=E8M0_BIAS))
         v3 = tl.reshape(v, (BLOCK_N, G, GS)) * s[:, :, None]
         return tl.reshape(v3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
     elif FMT == FMT_Q8_0:  # blocks [N, K/Q8_0_GROUP, Q8_0_BYTES] = fp16 d, Q8_0_GROUP int8
