@@ -42,14 +42,15 @@ class MmaShard:
              top_k: int = 0) -> bytes:  # fmt: skip
         """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaPlan): packed on
         first use, then reused, so a call passes only its activations, output, token count and workspace."""
-        key = (config, ldy, epilogue, _ptr(row_scale), top_k)
+        key = (config, ldy, epilogue, device_ptr(row_scale), top_k)
         if key not in self.plans:
             from b12x_kernels import interface
 
             self.plans[key] = interface.pack(
-                interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=_ptr(self.meta),
-                meta2=_ptr(self.meta2), block_scale=_ptr(self.block_scale), tables=_ptr(self.tables),
-                row_scale=_ptr(row_scale), alpha=self.alpha, scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
+                interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=device_ptr(self.meta),
+                meta2=device_ptr(self.meta2), block_scale=device_ptr(self.block_scale),
+                tables=device_ptr(self.tables), row_scale=device_ptr(row_scale), alpha=self.alpha,
+                scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
                 epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k,
             )  # fmt: skip
@@ -137,7 +138,8 @@ class MmaWorkspace:
         )
 
 
-def _ptr(t: torch.Tensor | None) -> int:
+def device_ptr(t: torch.Tensor | None) -> int:
+    """A tensor's device address; 0 (the kernels' null) for none."""
     return 0 if t is None else t.data_ptr()
 
 
@@ -152,7 +154,8 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
         order, blocks = table
         grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
     b12x_kernels.mma_gemm(
-        plan, x.data_ptr(), _ptr(bias), _ptr(y), m, 0 if workspace is None else workspace.partials.data_ptr(),
+        plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
+        0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,
     )  # fmt: skip
 

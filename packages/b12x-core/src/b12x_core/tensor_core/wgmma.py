@@ -11,7 +11,7 @@ import torch
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # nt: 8·nt tokens per CTA
 
-from .gemm import MmaShard, _ptr
+from .gemm import MmaShard, device_ptr
 
 __all__ = ["FORMATS", "TOKEN_TILES", "plan", "run", "token_tile"]
 
@@ -24,8 +24,8 @@ def plan(shard: MmaShard, nt: int, ldy: int) -> bytes:
         from b12x_kernels import interface
 
         shard.plans[key] = interface.pack(
-            interface.WgmmaPlan, format=shard.fmt_id, codes=shard.codes.data_ptr(), meta=_ptr(shard.meta),
-            meta2=_ptr(shard.meta2), alpha=shard.alpha, scale_mul=shard.scale_mul, ldy=ldy, N=shard.n, K=shard.k,
+            interface.WgmmaPlan, format=shard.fmt_id, codes=shard.codes.data_ptr(), meta=device_ptr(shard.meta),
+            meta2=device_ptr(shard.meta2), alpha=shard.alpha, scale_mul=shard.scale_mul, ldy=ldy, N=shard.n, K=shard.k,
             chunks=shard.chunks, nt=nt,
         )  # fmt: skip
     return shard.plans[key]
