@@ -22,7 +22,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from decode_linear import copies_for, copy_bandwidth, time_graph
+from decode_linear import copies_for, copy_bandwidth, device_facts, time_graph
 from mma_linear import random_shard, shard_bytes
 
 from b12x_core.tensor_core import gemm, geometry, wgmma
@@ -138,7 +138,7 @@ def main() -> None:
         print(f"{r['m']:>5} {r['format']:<7} {base[r['m']]:9.1f} {mma['us']:9.1f} {r['us']:9.1f} {r['config']:>8} "
               f"{mma['us'] / r['us']:10.2f} {r['check']:8.1e}")  # fmt: skip
     with open(args.out, "w") as f:
-        json.dump({"device": name, "copy_gbs": bw, "sms": sms, "rows": rows, "seconds": time.time() - started}, f,
+        json.dump({**device_facts(), "copy_gbs": bw, "sms": sms, "rows": rows, "seconds": time.time() - started}, f,
                   indent=1)  # fmt: skip
     print(f"# {time.time() - started:.0f} s; wrote {args.out}")
     if args.png:
