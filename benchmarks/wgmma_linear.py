@@ -1,6 +1,6 @@
-"""The Hopper warpgroup-MMA prototype (b12x_core.tensor_core.wgmma; csrc/wgmma_gemm.cu) against the mma.sync
+"""The Hopper form of the tensor-core GEMM (b12x_core.tensor_core.wgmma; csrc/wgmma_gemm.cu) against the mma.sync
 tensor-core GEMM over the same repacked weights and bf16 F.linear, per Llama-3.1-8B decoder layer (qkv 6144×4096,
-o 4096×4096, gate_up 28672×4096, down 4096×14336), NVFP4 and FP8, M ∈ {16, 32, 64, 128, 256}. Needs an sm_90 GPU.
+o 4096×4096, gate_up 28672×4096, down 4096×14336), NVFP4 and FP8, M from 1 to 4096. Needs an sm_90 GPU.
 
     python benchmarks/wgmma_linear.py --out wgmma.json [--png wgmma.png] [--ms 16,32,...] [--formats NVFP4,FP8]
     python benchmarks/wgmma_linear.py --from-json wgmma.json --png wgmma.png      # the plot of a saved run
@@ -9,8 +9,9 @@ Method (mma_linear.py's, decode_linear.py's helpers): one CUDA graph runs the la
 copies (together more than 4× L2, so weights come from HBM), replayed between CUDA events; per-layer time = median
 replay time / copies. Weights are random valid codes written straight into the kernels' layout (mma_linear's
 random_shard, with the decode's power-of-two range set so values are ordinary). The wgmma kernel is timed at every
-token tile nt (8·nt tokens per CTA, all four linears alike) and the best is reported; the mma.sync kernel at the
-tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
+token tile mt that suits M (8·mt tokens per CTA, all four linears alike, each linear at the K split that fills the GPU
+for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; the mma.sync kernel at
+the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
 """
 
@@ -29,7 +30,7 @@ from b12x_core.tensor_core import gemm, geometry, wgmma
 
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 FORMATS = "NVFP4,FP8"
-MS = "16,32,64,128,256"
+MS = "1,16,32,64,128,256,512,1024,4096"
 SCALE_MUL = {"FP8": 2.0**120, "NVFP4": 2.0**123}  # layout._decode_range for random_shard's scales (E4M3 ≤ 1.875)
 
 
@@ -95,47 +96,55 @@ def main() -> None:
                 for s, c, ws in zip(layers[i], configs, wss, strict=True):
                     gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
 
-            def wgmma_layer(i, nt, xs=xs, ys=ys):
+            tiles = [mt for mt in wgmma.TOKEN_TILES if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
+            wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
+            wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt) for s in one_layer]
+                        for mt in tiles}  # fmt: skip
+            wwss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
+                                                                                                 strict=True)]
+                    for mt, cs in wconfigs.items()}  # fmt: skip
+            staged = torch.empty(max(wgmma.staged_bytes(fmt, m, k) for k in xs), dtype=torch.uint8, device="cuda")
+
+            def wgmma_layer(i, mt, xs=xs, ys=ys, staged=staged):
                 stream = torch.cuda.current_stream().cuda_stream
-                for s in layers[i]:
-                    wgmma.run(xs[s.k], [s], ys[s.n], None, nt, stream)
+                for s, c, ws in zip(layers[i], wconfigs[mt], wwss[mt], strict=True):
+                    wgmma.run(xs[s.k], [s], ys[s.n], None, c, ws, staged, stream)
 
             # check: the same bytes through both kernels (first copy), before any timing
             check, stream = 0.0, torch.cuda.current_stream().cuda_stream
-            for s, c, ws in zip(one_layer, configs, wss, strict=True):
+            for j, (s, c, ws) in enumerate(zip(one_layer, configs, wss, strict=True)):
                 ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
                 gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
-                for nt in wgmma.TOKEN_TILES:
+                for mt in tiles:
                     y = torch.full_like(ref, float("nan"))
-                    wgmma.run(xs[s.k], [s], y, None, nt, stream)
+                    wgmma.run(xs[s.k], [s], y, None, wconfigs[mt][j], wwss[mt][j], staged, stream)
                     err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
                     check = max(check, err if err == err else float("inf"))  # NaN: never written, or wrong
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3))
             per_nt = {}
-            for nt in wgmma.TOKEN_TILES:
-                if 8 * nt > max(8, 2 * m):  # a tile more than twice the tokens only adds padding
-                    continue
-                per_nt[nt] = time_graph(lambda i, nt=nt: wgmma_layer(i, nt), len(layers), args.replays)
+            for mt in tiles:
+                per_nt[mt] = time_graph(lambda i, mt=mt: wgmma_layer(i, mt), len(layers), args.replays)
             best = min(per_nt, key=per_nt.get)
             t_w = per_nt[best]
-            rows.append(dict(m=m, format=fmt, kernel="wgmma", config=f"nt={best}", us=t_w, gbs=nbytes / t_w / 1e3,
+            wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
+            rows.append(dict(m=m, format=fmt, kernel="wgmma", config=wlabel, us=t_w, gbs=nbytes / t_w / 1e3,
                              per_nt_us=per_nt, check=check))  # fmt: skip
             print(f"M={m:<4} {fmt:<6} bf16 {base[m]:8.1f} µs | mma {t_mma:8.1f} µs [{label}] | wgmma {t_w:8.1f} µs "
-                  f"[nt={best}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
-                  + " ".join(f"nt{nt}:{v:.0f}" for nt, v in per_nt.items())
+                  f"[{wlabel}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
+                  + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
-    print(f"\n{'M':>5} {'format':<7} {'bf16 µs':>9} {'mma µs':>9} {'wgmma µs':>9} {'best nt':>8} {'wgmma/mma':>10} "
+    print(f"\n{'M':>5} {'format':<7} {'bf16 µs':>9} {'mma µs':>9} {'wgmma µs':>9} {'best':>14} {'wgmma/mma':>10} "
           f"{'check':>8}")  # fmt: skip
     for r in rows:
         if r["kernel"] != "wgmma":
             continue
         mma = next(x for x in rows if x["m"] == r["m"] and x["format"] == r["format"] and x["kernel"] == "mma")
-        print(f"{r['m']:>5} {r['format']:<7} {base[r['m']]:9.1f} {mma['us']:9.1f} {r['us']:9.1f} {r['config']:>8} "
+        print(f"{r['m']:>5} {r['format']:<7} {base[r['m']]:9.1f} {mma['us']:9.1f} {r['us']:9.1f} {r['config']:>14} "
               f"{mma['us'] / r['us']:10.2f} {r['check']:8.1e}")  # fmt: skip
     with open(args.out, "w") as f:
         json.dump({**device_facts(), "copy_gbs": bw, "sms": sms, "rows": rows, "seconds": time.time() - started}, f,

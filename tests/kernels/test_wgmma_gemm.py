@@ -1,10 +1,12 @@
-"""The Hopper warpgroup-MMA prototype (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu; b12x_core.tensor_core.wgmma).
+"""The Hopper form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu; b12x_core.tensor_core.wgmma
+and the tensor_core_wgmma backend).
 
-On CPU: the binding refuses plans it cannot run before any CUDA call. On an sm_90 GPU (marked gpu): every format it
-runs, random weights, M ∈ {1, 7, 8, 37, 64, 129, 200} under every token tile that the M needs and more, N with a
-tail (a partial row tile, a partial CTA, a dead warpgroup), K over several chunks plus a tail chunk, bias on and
-off, outputs poisoned with NaN first, against the b12x-core reference (closeness.py) and the mma.sync kernel's
-result over the same repacked weights; repeats bit-identical; CUDA graph replay with new inputs.
+On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
+run, with the reason. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
+under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
+several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
+(closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
+to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 
 FORMATS = ["FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0"]
-MS = [1, 7, 8, 37, 64, 129, 200]
-NTS = [1, 2, 4, 8, 16]
+MS = [1, 7, 37, 129, 200]
+MTS = [1, 2, 4, 8, 16]
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -34,8 +36,11 @@ NTS = [1, 2, 4, 8, 16]
         (dict(format=format_id("FP8_BLOCK")), {}, "format must be"),
         (dict(format=format_id("IQ2_XS")), {}, "format must be"),
         (dict(format=99), {}, "format must be"),
-        (dict(nt=3), {}, "nt must be"),
-        (dict(nt=32), {}, "nt must be"),
+        (dict(mt=3), {}, "mt must be"),
+        (dict(mt=32), {}, "mt must be"),
+        (dict(rt=2), {}, "rt must be 1"),
+        (dict(splits=0), {}, "splits must be"),
+        (dict(splits=2), {}, "splits must be"),  # one chunk
         (dict(K=100), {}, "K % 8"),
         (dict(chunks=0), {}, "fewer than K columns"),
         (dict(K=256), {}, "fewer than K columns"),  # one NVFP4 chunk holds 128
@@ -43,9 +48,11 @@ NTS = [1, 2, 4, 8, 16]
         (dict(codes=0), {}, "misaligned codes"),
         (dict(meta=0), {}, "block scales"),
         (dict(ldy=16), {}, "ldy >= N"),
+        (dict(epilogue=9), {}, "unknown epilogue"),
         ({}, dict(M=0), "M >= 1"),
         ({}, dict(x=8), "misaligned x"),
         ({}, dict(y=0), "misaligned x / y"),
+        ({}, dict(staged=0), "staged scratch"),
         ("short", {}, "interface.h differ"),
     ],
 )
@@ -56,31 +63,49 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    if not hasattr(b12x_kernels._C, "wgmma_gemm"):
-        pytest.skip("the installed b12x_kernels._C predates wgmma_gemm")
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
-    fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, alpha=1.0, scale_mul=1.0, ldy=32, N=32,
-                  K=128, chunks=1, nt=1)  # fmt: skip
-    packed = b"\0" * 8 if plan == "short" else interface.pack(interface.WgmmaPlan, **{**fields, **plan})
-    args = dict(x=fake, bias=0, y=fake, M=1, stream=0)
+    fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
+                  alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, epilogue=0,
+                  top_k=0)  # fmt: skip
+    packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
+    args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, staged=fake, stream=0)
     with pytest.raises(ValueError, match=why):
         b12x_kernels.wgmma_gemm(packed, **{**args, **call})
 
 
-def test_plan_packs_the_shard_and_caches_it():
-    from b12x_core.tensor_core import gemm, wgmma
-    from b12x_kernels import interface
+def test_token_tiles_and_staging_sizes():
+    from b12x_core.tensor_core import geometry, wgmma
 
-    codes = torch.zeros(1024, dtype=torch.uint8)
-    shard = gemm.MmaShard("NVFP4", format_id("NVFP4"), 0, 16, 128, 1, codes, codes, None, None, None, 0.5, 4.0)
-    first = wgmma.plan(shard, 4, 48)
-    assert wgmma.plan(shard, 4, 48) is first
-    back = interface.WgmmaPlan.from_buffer_copy(first)
-    assert (back.format, back.codes, back.meta, back.meta2, back.N, back.K, back.chunks, back.nt, back.ldy) == (
-        format_id("NVFP4"), codes.data_ptr(), codes.data_ptr(), 0, 16, 128, 1, 4, 48)  # fmt: skip
-    assert (back.alpha, back.scale_mul) == (0.5, 4.0)
     assert [wgmma.token_tile(m) for m in (1, 8, 9, 64, 65, 128, 1000)] == [1, 1, 2, 8, 16, 16, 16]
-    assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(NTS)
+    assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
+    for fmt in FORMATS:
+        ck = geometry.chunk_k(fmt)
+        # whole groups of 8 tokens × K padded to whole chunks, bf16
+        assert wgmma.staged_bytes(fmt, 9, ck + 8) == 16 * 2 * ck * 2
+
+
+def test_backend_declines_what_it_cannot_run():
+    from b12x_core.backends import DeviceInfo, Query
+    from b12x_core.backends.tensor_core_wgmma import TensorCoreWgmma
+
+    def query(fmt="NVFP4", mode="bf16", capability=(9, 0), k=4096):
+        device = DeviceInfo(torch.device("cuda", 0), capability, sms=132, smem_kb=227)
+        return Query("linear", fmt, mode, mode, device, "auto", 4096, k, 64, (4096,))
+
+    assert TensorCoreWgmma.can_implement(query())[0]
+    for q, why in [
+        (query(fmt="IQ2_XS"), "not IQ2_XS"),
+        (query(fmt="FP8_BLOCK"), "not FP8_BLOCK"),
+        (query(capability=(12, 0)), "needs compute capability 9.0, this is sm_120"),
+        (query(mode="fp8_token"), "bf16-exact activations"),
+        (query(k=4100), "K % 8"),
+    ]:
+        ok, reason = TensorCoreWgmma.can_implement(q)
+        assert not ok and why in reason, reason
+    # its configurations cover every token count with a tile of at most 128 tokens and a K split that fits K
+    rows = TensorCoreWgmma.configs(query(), 1, 4096)
+    assert rows[0][0] == 1 and rows[-1][1] == 4096
+    assert all(c["tokens"] in {8 * mt for mt in MTS} and 1 <= c["splits"] <= 4096 // 128 for _, _, c in rows)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -110,45 +135,70 @@ def _case(rng, fmt, n, k):
     return qw, gemm.prepare([qw], "cuda")
 
 
-def _wgmma(x, shards, n, bias, nt):
-    from b12x_core.tensor_core import wgmma
+def _run(x, shards, n, bias, config, epilogue="bf16", wgmma_form=True):
+    """One call of either form on the same shards and plan fields; y poisoned first."""
+    from b12x_core.tensor_core import gemm, wgmma
 
-    y = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    wgmma.run(x, shards, y, bias, nt, torch.cuda.current_stream().cuda_stream)
-    return y
-
-
-def _mma(x, shards, n, bias):
-    from b12x_core.tensor_core import gemm, geometry
-
-    m = x.shape[0]
-    config = gemm.MmaConfig(geometry.token_tile(m), 1)
-    y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    m, k = x.shape
+    cols = n // 2 if epilogue == "silu" else n
+    y = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
-    gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
+    if epilogue == "bf16":
+        run = wgmma.run if wgmma_form else gemm.run
+        extra = (torch.empty(wgmma.staged_bytes(shards[0].format, m, k), dtype=torch.uint8, device="cuda"),)
+        run(x, shards, y, bias, config, ws, *(extra if wgmma_form else ()), stream)
+        return y
+    import b12x_kernels
+
+    (s,) = shards
+    plan = s.plan(config, cols, epilogue)
+    if wgmma_form:
+        staged = torch.empty(wgmma.staged_bytes(s.format, m, k), dtype=torch.uint8, device="cuda")
+        b12x_kernels.wgmma_gemm(plan, x.data_ptr(), 0, y.data_ptr(), m, ws.partials.data_ptr(),
+                                ws.tickets.data_ptr(), staged.data_ptr(), stream)  # fmt: skip
+    else:
+        gemm.launch(plan, x, y, m, ws, stream)
     return y
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+    from b12x_core.tensor_core import gemm, geometry
+
     for n, k in _shapes(fmt):
         qw, shards = _case(rng, fmt, n, k)
         cpu = bc.prepare_linear(qw, max_tokens=max(MS))
         bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+        chunks = shards[0].chunks
         for m in MS:
             x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
             xg = x.cuda()
             for b in (None, bias):
                 ref = bc.linear(x, cpu, b)
                 bg = None if b is None else b.cuda()
-                mma = _mma(xg, shards, n, bg)
+                mma = _run(xg, shards, n, bg, gemm.MmaConfig(geometry.token_tile(m), 1), wgmma_form=False)
                 close(mma, ref)
-                for nt in NTS:
-                    y = _wgmma(xg, shards, n, bg, nt)
-                    torch.cuda.synchronize()
-                    close(y, ref)
-                    close(y, mma)  # the same weights through the same decode: only the summation order differs
+                for mt in MTS:
+                    for splits in sorted({1, min(3, chunks)}):
+                        y = _run(xg, shards, n, bg, gemm.MmaConfig(mt, splits))
+                        torch.cuda.synchronize()
+                        close(y, ref)
+                        close(y, mma)  # the same weights through the same decode: only the summation order differs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["silu", "relu2"])
+def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
+    from b12x_core.tensor_core import gemm
+
+    n, k = 256, 512
+    qw, shards = _case(rng, "MXFP4", n, k)
+    x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
+    for config in (gemm.MmaConfig(4, 1), gemm.MmaConfig(8, 2)):
+        mma = _run(x, shards, n, None, gemm.MmaConfig(4, config.splits), epilogue, wgmma_form=False)
+        close(_run(x, shards, n, None, config, epilogue), mma)
 
 
 @pytest.mark.gpu
@@ -156,17 +206,22 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
 def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
     from graphs import capture
 
-    from b12x_core.tensor_core import geometry, wgmma
+    from b12x_core.tensor_core import gemm, geometry, wgmma
 
     n, k = 384, 8 * geometry.chunk_k(fmt)
     qw, shards = _case(rng, fmt, n, k)
     w64 = torch.from_numpy(bf.dequantize(qw)).double()
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
-    for nt in NTS:
-        first = _wgmma(x, shards, n, None, nt)
-        assert torch.equal(first, _wgmma(x, shards, n, None, nt))
+    for mt in MTS:
+        for splits in (1, 4):
+            first = _run(x, shards, n, None, gemm.MmaConfig(mt, splits))
+            assert torch.equal(first, _run(x, shards, n, None, gemm.MmaConfig(mt, splits)))
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
-    graph, _ = capture(lambda: wgmma.run(x, shards, y, None, 2, torch.cuda.current_stream().cuda_stream))
+    config = gemm.MmaConfig(2, 4)
+    ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
+    staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream
+    graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))
     for _ in range(3):
         x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
         y.fill_(float("nan"))
@@ -183,5 +238,5 @@ def test_fused_shards_write_their_columns(rng, hopper):
     shards = gemm.prepare(qws, "cuda")
     w64 = torch.cat([torch.from_numpy(bf.dequantize(q)).double() for q in qws])
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
-    for nt in (1, 4):
-        close(_wgmma(x, shards, 128, None, nt), x.double().cpu() @ w64.T)
+    for mt in (1, 4):
+        close(_run(x, shards, 128, None, gemm.MmaConfig(mt, 1)), x.double().cpu() @ w64.T)

@@ -67,28 +67,12 @@ struct MmaPlan {
   int N;                          // weight rows (per expert when grouped)
   int K;                          // a multiple of 8
   int chunks;                     // K chunks in the repacked weight (K padded to the format's chunk)
-  int mt;                         // token tile of 8·mt tokens (1, 2 or 4)
-  int rt;                         // row tiles of 16 per warp (1 or 2): TILES_PER_CTA/rt warps per CTA
+  int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)
+  int rt;                         // row tiles of 16 per warp (1 or 2; wgmma_gemm: 1): TILES_PER_CTA/rt warps per CTA
   int splits;                     // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
 };
 static_assert(sizeof(MmaPlan) == 104, "MmaPlan: b12x_kernels/interface.py lays it out differently");
-
-// wgmma_gemm (sm_90a prototype): y[m·ldy + n] = bf16(alpha · sum_k x·W + bias[n]) over mma_gemm's tile layout.
-struct WgmmaPlan {
-  int format;                     // FMT_FP8, FMT_MXFP8, FMT_NVFP4, FMT_MXFP4 or FMT_Q8_0
-  const uint8_t* codes;           // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
-  const uint8_t* meta;            // per (row, chunk) block-scale bytes, row-blocked; null for FP8
-  const uint8_t* meta2;           // unused by the supported formats (null)
-  float alpha;                    // per-tensor scale of the result
-  float scale_mul;                // power of two multiplying block scales in the decode (alpha holds its inverse)
-  int ldy;                        // row stride of y
-  int N;                          // weight rows
-  int K;                          // a multiple of 8
-  int chunks;                     // K chunks in the repacked weight (K padded to the format's chunk)
-  int nt;                         // token tile of 8·nt tokens (1, 2, 4, 8 or 16): the wgmma's N
-};
-static_assert(sizeof(WgmmaPlan) == 64, "WgmmaPlan: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

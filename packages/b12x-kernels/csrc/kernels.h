@@ -60,13 +60,15 @@ int mma_blocks_per_sm(int format, int mt, int rt);
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);
 
-// Hopper prototype of the same GEMM (wgmma_gemm.cu, sm_90a only; no plan picks it): the same weight bytes,
-// warpgroup MMAs with the decoded weights as the register A operand and 8·plan.nt tokens per CTA as B from shared
-// memory; only y[m * ldy + n] = bf16(alpha · sum_k x·W + bias[n]) (bias nullable), formats whose decode needs no
-// per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). On other devices (or a build without sm_90a) it returns
-// cudaErrorNoKernelImageForDevice.
-const char* wgmma_plan_error(const WgmmaPlan& plan);
-cudaError_t wgmma_gemm(const WgmmaPlan& plan, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
-                       int M, cudaStream_t stream);
+// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1),
+// weights, epilogues and split-K reduction, warpgroup MMAs with the decoded weights as the register A operand and the
+// token tile (8·mt tokens) as B from shared memory; formats whose decode needs no per-chunk fp32 scale (FP8, MXFP8,
+// NVFP4, MXFP4, Q8_0); the linear form only (call.order null). `staged` is scratch of wgmma_staged_bytes: x in the B
+// operand's order, written by a small kernel before the GEMM (two launches per call). On other devices (or a build
+// without sm_90a) it returns cudaErrorNoKernelImageForDevice.
+const char* wgmma_plan_error(const MmaPlan& plan);
+size_t wgmma_staged_bytes(int format, int M, int chunks);
+int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
+cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
 
 }  // namespace b12x

@@ -305,6 +305,178 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
 
+// ---------------------------------------------------------------------------------------------- shared pieces
+// What the tensor-core kernels share (this file's mma.sync kernel and wgmma_gemm.cu's warpgroup kernel): the token
+// tile's rows, the per-warp weight copies, and the epilogue with its split-K reduction. Both kernels hold their
+// accumulators in mma.sync's C layout per warp and 8-token group (wgmma's D fragment is that layout too).
+
+// The token tile's rows into src_row / dst_row (shared, TOK each): input row (x) and output row (y / partials), −1
+// past the tile's end. Returns the tile's expert (0 when not grouped), or −1 when the block table has nothing for
+// this CTA (uniform over the CTA, so the caller returns before any barrier).
+template <int TOK>
+__device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src_row, int* dst_row) {
+  int expert = 0;
+  if (p.order) {
+    expert = p.block_expert[mtile];
+    if (expert < 0) return -1;
+  }
+  if (threadIdx.x < TOK) {
+    const int r = threadIdx.x;
+    int src = -1, dst = -1;
+    if (p.order) {
+      if (r < p.block_rows[mtile]) {
+        dst = p.order[p.block_start[mtile] + r];
+        src = p.top_k ? dst / p.top_k : dst;
+      }
+    } else if (mtile * TOK + r < p.M) {
+      src = dst = mtile * TOK + r;
+    }
+    src_row[r] = src;
+    dst_row[r] = dst;
+  }
+  __syncthreads();
+  return expert;
+}
+
+// One warp's weight copies: chunk c of its RT row tiles (from tile_base) into ring slot (c % STAGES, tile r) by
+// cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. / 16.. copy the tile's
+// scale bytes (16 rows × META / META2). The tile pointers advance by one tile per chunk.
+template <class F, int RT>
+struct WeightStream {
+  static constexpr int SLOT = slot_bytes<F>();
+  const uint4* code_base;
+  const uint8_t* meta_base;
+  const uint8_t* meta2_base;
+  int tile_global, live;  // live: the warp's row tiles inside the weight
+
+  __device__ WeightStream(const MmaParams& p, int tile_global_, int tile_base, int lane)
+      : code_base(reinterpret_cast<const uint4*>(p.codes) + size_t(tile_global_) * p.chunks * 64 + lane),
+        meta_base(p.meta + size_t(tile_global_) * p.chunks * 16 * F::META + 16 * lane),
+        meta2_base(p.meta2 + size_t(tile_global_) * p.chunks * 16 * F::META2 + 16 * (lane - 16)),
+        tile_global(tile_global_),
+        live(min(RT, p.n16 - tile_base)) {}
+
+  template <int STAGES>
+  __device__ __forceinline__ void copy(const MmaParams& p, uint8_t* ring, int c, int lane) const {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      if (r >= live) break;
+      const size_t tile = size_t(r) * p.chunks + c;  // relative to tile_base
+      uint8_t* slot = ring + ((unsigned(c) % STAGES) * RT + r) * SLOT;
+      const uint4* codes = code_base + tile * 64;
+      cp_async16(slot + 16 * lane, codes, 16);
+      cp_async16(slot + 512 + 16 * lane, codes + 32, 16);
+      if constexpr (F::META > 0) {
+        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, meta_base + tile * 16 * F::META, 16);
+      }
+      if constexpr (F::META2 > 0) {
+        if (lane >= 16 && lane < 16 + F::META2)
+          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), meta2_base + tile * 16 * F::META2, 16);
+      }
+      if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
+        if (lane == 0) {
+          const int kblocks = (p.K + 127) / 128;
+          const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
+                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (c * F::KB) / 128));
+        }
+      }
+    }
+  }
+};
+
+// The epilogue of one warp's accumulators acc[r][j][e] (row tile tile_base + r, token group j; e as mma.sync's C:
+// c0,c1 row q, tile columns 2t, 2t+1; c2,c3 row q+8): the plan's output (MmaOut), through the split-K reduction
+// when K is split (each split writes fp32 partials; the last CTA of an output tile, by an atomic ticket, sums them
+// in split order — deterministic — and resets the ticket). Every thread of the CTA calls it (it has barriers).
+template <int RT, int MT>
+__device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][MT][4], int tile_base, int expert,
+                                           int split, int mtile, int nblk, const int* dst_row) {
+  const int lane = threadIdx.x & 31, q = lane >> 2, t = lane & 3;
+  auto out_row = [&](int j, int e) { return dst_row[8 * j + 2 * t + (e & 1)]; };  // −1: none
+  auto row = [&](int r, int e) { return (tile_base + r) * 16 + q + 8 * (e >> 1); };  // within the expert
+  auto in_range = [&](int r, int j, int e) { return out_row(j, e) >= 0 && row(r, e) < p.N; };
+  auto scaled = [&](int r, int e, float v) {
+    v *= p.alpha;
+    return p.row_scale ? v * __ldg(p.row_scale + size_t(expert) * p.N + row(r, e)) : v;
+  };
+  auto part_index = [&](int s, int r, int j, int e) {
+    return (size_t(s) * p.M + out_row(j, e)) * p.N + row(r, e);
+  };
+  // v: the four (split-summed) accumulators of row tile r, token group j.
+  auto finish = [&](int r, int j, const float (&v)[4]) {
+    if (p.epilogue == MMA_OUT_SILU) {  // gate rows q (c0, c1) pair with up rows q + 8 (c2, c3)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (!in_range(r, j, e)) continue;
+        const float g = scaled(r, e, v[e]), u = scaled(r, e + 2, v[e + 2]);
+        const float h = g / (1.f + __expf(-g)) * u;
+        p.y[size_t(out_row(j, e)) * p.ldy + (tile_base + r) * 8 + q] = __float2bfloat16_rn(h);
+      }
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!in_range(r, j, e)) continue;
+      const int n = row(r, e);
+      float x = scaled(r, e, v[e]);
+      if (p.epilogue == MMA_OUT_RELU2) {
+        x = fmaxf(x, 0.f);
+        x *= x;
+      } else if (p.bias) {
+        x += __bfloat162float(p.bias[n]);
+      }
+      p.y[size_t(out_row(j, e)) * p.ldy + n] = __float2bfloat16_rn(x);
+    }
+  };
+  if (p.epilogue == MMA_OUT_F32) {  // each split its own slab: the consumer sums them in order
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = scaled(r, e, acc[r][j][e]);
+    return;
+  }
+  if (p.splits == 1) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < MT; ++j) finish(r, j, acc[r][j]);
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = acc[r][j][e];
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  int* ticket = p.tickets + size_t(nblk) * gridDim.x + mtile;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == p.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = 0.f;
+        if (!in_range(r, j, e)) continue;
+        for (int s = 0; s < p.splits; ++s) v[e] += __ldcg(p.partials + part_index(s, r, j, e));  // split order
+      }
+      finish(r, j, v);
+    }
+  if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
+}
+
 // A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
 // each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
@@ -326,28 +498,9 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   const bool rows_live = tile_base < p.n16;
   uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
 
-  // The token tile's rows: input row (x) and output row (y / partials) of each, −1 past the tile's end.
   __shared__ int src_row[TOK], dst_row[TOK];
-  int expert = 0;
-  if (p.order) {
-    expert = p.block_expert[mtile];
-    if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
-  }
-  if (threadIdx.x < TOK) {
-    const int r = threadIdx.x;
-    int src = -1, dst = -1;
-    if (p.order) {
-      if (r < p.block_rows[mtile]) {
-        dst = p.order[p.block_start[mtile] + r];
-        src = p.top_k ? dst / p.top_k : dst;
-      }
-    } else if (mtile * TOK + r < p.M) {
-      src = dst = mtile * TOK + r;
-    }
-    src_row[r] = src;
-    dst_row[r] = dst;
-  }
-  __syncthreads();
+  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
+  if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
   const int tile_global = expert * p.n16 + tile_base;  // in the stacked weight
 
   if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
@@ -368,39 +521,10 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
     }
   };
 
-  // This lane's copies of chunk c into ring slot (c % kStages, tile r): its two 16-byte code pieces (halves 0
-  // and 1 of tile (n16, c)), and lanes 0.. / 16.. copy the tile's scale bytes (16 rows × META / META2).
-  // Ring slots are indexed by chunk & (kStages - 1); the tile pointers advance by one tile per chunk.
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
-  const uint4* code_base = reinterpret_cast<const uint4*>(p.codes) + size_t(tile_global) * p.chunks * 64 + lane;
-  const uint8_t* meta_base = p.meta + size_t(tile_global) * p.chunks * 16 * F::META + 16 * lane;
-  const uint8_t* meta2_base = p.meta2 + size_t(tile_global) * p.chunks * 16 * F::META2 + 16 * (lane - 16);
+  const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
   auto issue = [&](int c) {
-    if (c >= c_end) return;
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      if (tile_base + r >= p.n16) break;
-      const size_t tile = size_t(r) * p.chunks + c;  // relative to tile_base
-      uint8_t* slot = ring + ((c & (kStages - 1)) * RT + r) * SLOT;
-      const uint4* codes = code_base + tile * 64;
-      cp_async16(slot + 16 * lane, codes, 16);
-      cp_async16(slot + 512 + 16 * lane, codes + 32, 16);
-      if constexpr (F::META > 0) {
-        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, meta_base + tile * 16 * F::META, 16);
-      }
-      if constexpr (F::META2 > 0) {
-        if (lane >= 16 && lane < 16 + F::META2)
-          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), meta2_base + tile * 16 * F::META2, 16);
-      }
-      if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
-        if (lane == 0) {
-          const int kblocks = (p.K + 127) / 128;
-          const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
-                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (c * F::KB) / 128));
-        }
-      }
-    }
+    if (c < c_end) weights.template copy<kStages>(p, ring, c, lane);
   };
 
   float acc[RT][MT][4];
@@ -498,89 +622,7 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   }
   cp_async_wait<0>();
 
-  // Epilogue. c0,c1: row q, tile rows 2t, 2t+1; c2,c3: row q+8.
-  auto out_row = [&](int j, int e) { return dst_row[8 * j + 2 * t + (e & 1)]; };  // −1: none
-  auto row = [&](int r, int e) { return (tile_base + r) * 16 + q + 8 * (e >> 1); };  // within the expert
-  auto in_range = [&](int r, int j, int e) { return out_row(j, e) >= 0 && row(r, e) < p.N; };
-  auto scaled = [&](int r, int e, float v) {
-    v *= p.alpha;
-    return p.row_scale ? v * __ldg(p.row_scale + size_t(expert) * p.N + row(r, e)) : v;
-  };
-  auto part_index = [&](int s, int r, int j, int e) {
-    return (size_t(s) * p.M + out_row(j, e)) * p.N + row(r, e);
-  };
-  // v: the four (split-summed) accumulators of row tile r, token group j.
-  auto finish = [&](int r, int j, const float (&v)[4]) {
-    if (p.epilogue == MMA_OUT_SILU) {  // gate rows q (c0, c1) pair with up rows q + 8 (c2, c3)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (!in_range(r, j, e)) continue;
-        const float g = scaled(r, e, v[e]), u = scaled(r, e + 2, v[e + 2]);
-        const float h = g / (1.f + __expf(-g)) * u;
-        p.y[size_t(out_row(j, e)) * p.ldy + (tile_base + r) * 8 + q] = __float2bfloat16_rn(h);
-      }
-      return;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!in_range(r, j, e)) continue;
-      const int n = row(r, e);
-      float x = scaled(r, e, v[e]);
-      if (p.epilogue == MMA_OUT_RELU2) {
-        x = fmaxf(x, 0.f);
-        x *= x;
-      } else if (p.bias) {
-        x += __bfloat162float(p.bias[n]);
-      }
-      p.y[size_t(out_row(j, e)) * p.ldy + n] = __float2bfloat16_rn(x);
-    }
-  };
-  if (p.epilogue == MMA_OUT_F32) {  // each split its own slab: the consumer sums them in order
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = scaled(r, e, acc[r][j][e]);
-    return;
-  }
-  if (p.splits == 1) {
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int j = 0; j < MT; ++j) finish(r, j, acc[r][j]);
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (in_range(r, j, e)) p.partials[part_index(split, r, j, e)] = acc[r][j][e];
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  int* ticket = p.tickets + size_t(nblk) * gridDim.x + mtile;
-  if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == p.splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      float v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = 0.f;
-        if (!in_range(r, j, e)) continue;
-        for (int s = 0; s < p.splits; ++s) v[e] += __ldcg(p.partials + part_index(s, r, j, e));  // split order
-      }
-      finish(r, j, v);
-    }
-  if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
+  store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
 template <class F, int MT, int RT>

@@ -129,21 +129,29 @@ PYBIND11_MODULE(_C, m) {
       py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
       py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0);
 
-  // The Hopper wgmma prototype (csrc/wgmma_gemm.cu): no plan picks it; b12x_core.tensor_core.wgmma calls it.
+  // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same plan and call as mma_gemm, plus the
+  // scratch its activation staging writes (wgmma_staged_bytes).
+  m.def("wgmma_blocks_per_sm", &b12x::wgmma_blocks_per_sm, py::arg("format"), py::arg("mt"));
+  m.def("wgmma_staged_bytes", &b12x::wgmma_staged_bytes, py::arg("format"), py::arg("M"), py::arg("chunks"));
   m.def(
       "wgmma_gemm",
       [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
-         std::uintptr_t stream) {
-        const auto p = plan_of<b12x::WgmmaPlan>(plan_bytes, "wgmma_gemm");
+         std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t staged, std::uintptr_t stream) {
+        const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "wgmma_gemm");
         if (const char* error = b12x::wgmma_plan_error(p)) throw std::invalid_argument(error);
+        const bool f32 = p.epilogue == b12x::MMA_OUT_F32;
         if (M < 1) throw std::invalid_argument("wgmma_gemm: need M >= 1");
-        if (!x || !y || x % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned x / y");
+        if ((p.splits > 1 || f32) && !partials) throw std::invalid_argument("wgmma_gemm: split K or f32 needs partials");
+        if (p.splits > 1 && !f32 && !tickets) throw std::invalid_argument("wgmma_gemm: split K needs tickets");
+        if (!x || (!y && !f32) || x % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned x / y");
         if (y % 2 || bias % 2) throw std::invalid_argument("wgmma_gemm: misaligned y / bias");
-        check(b12x::wgmma_gemm(p, ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y),
-                               M, stream_of(stream)),
-              "wgmma_gemm launch");
+        if (!staged || staged % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned staged scratch");
+        b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
+                           ptr<float>(partials), ptr<int>(tickets), nullptr, nullptr, 0};
+        check(b12x::wgmma_gemm(p, call, ptr<uint8_t>(staged), stream_of(stream)), "wgmma_gemm launch");
       },
-      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("stream"));
+      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
+      py::arg("tickets"), py::arg("staged"), py::arg("stream"));
 
   m.def(
       "embedding_q8_0",

@@ -1,80 +1,78 @@
-// Hopper (sm_90a) prototype of the tensor-core mixed-input GEMM: warpgroup MMAs (wgmma) over the same weight bytes
-// as mma_gemm.cuh (its 1 KB lane-ordered tiles and its decode functors, reused, not copied). No plan picks it yet:
-// b12x_core.tensor_core.wgmma launches it directly, for tests and benchmarks/wgmma_linear.py.
+// Hopper (sm_90a) form of the tensor-core mixed-input GEMM: warpgroup MMAs (wgmma) over the same weight bytes and the
+// same argument block (MmaPlan) as mma_gemm.cuh — its 1 KB lane-ordered tiles, decode functors, per-warp weight copies,
+// epilogues and split-K reduction are shared, not copied. What differs is the inner product and the activations:
 //
-//   y[m * ldy + n] = bf16(alpha * sum_k x[m, k] * W[n, k] + bias[n])      (bias nullable)
+//   wgmma.mma_async.sync.aligned.m64n{8·MT}k16.f32.bf16.bf16  d, {a0..a3}, desc_b, 1, 1, 1, 0
 //
-// Shape of one CTA: 2 warpgroups = 8 warps = 128 weight rows (warp w decodes row tile 8·blockIdx.y + w exactly as
-// the mma.sync kernel does) × 8·NT tokens (blockIdx.x), K whole (no split), one wgmma per k16 step and warpgroup:
-//   wgmma.mma_async.sync.aligned.m64n{8·NT}k16.f32.bf16.bf16  d, {a0..a3}, desc_b, 1, 1, 1, 0
-// - A = the weights, from registers. PTX ISA 9.7.15.5.1.1.1 (figure "wgmma-64N16-A"): warp w%4 of the warpgroup
-//   holds rows 16·(w%4) .. +15 of the 64, and within the warp the four .b32 registers are laid out as mma.sync
-//   m16n8k16's A: a0 = (row g, k 2t, 2t+1), a1 = (row g+8, k 2t, 2t+1), a2 = (row g, k 2t+8, 2t+9),
-//   a3 = (row g+8, k 2t+8, 2t+9), g = lane/4, t = lane%4. So the mma kernel's fragments feed it unchanged.
-// - D = fp32 accumulators, N/2 per thread (figure "wgmma-64N16-D"): d[4j + e] is (row 16·(w%4) + g + 8·(e/2),
-//   column 8j + 2t + (e%2)) — per 8 columns j exactly mma.sync's C fragment.
-// - B = the activations (N = tokens), from shared memory, K-major (imm-trans-b = 0), no swizzle. The canonical
-//   K-major no-swizzle layout (PTX ISA 9.7.15.5.1.2.1.3: ((8,m),(T,2k)):((1T,SBO),(1,LBO)) in 16-byte units) is
-//   made of "core matrices" of 8 rows (tokens) × 16 bytes (8 k values), 128 contiguous bytes, row r at 16·r.
-//   LBO ("leading dimension byte offset", K-major no swizzle: first to second column of core matrices of the 8x2
-//   tile) is the distance between the k 0-7 and k 8-15 core matrices; SBO (stride dimension byte offset: first 8
-//   rows to the next 8 rows) the distance between token groups of 8. Here, per k16 step s of a chunk, token group
-//   nb, K half h: core matrix at ((s·NT + nb)·2 + h)·128 bytes, so LBO = 128, SBO = 256 and step s starts at
-//   s·NT·256. The descriptor (PTX ISA 9.7.15.5.1.2.2): bits 0-13 start address, 16-29 LBO, 32-45 SBO, each
-//   (bytes & 0x3FFFF) >> 4; base offset (49-51) 0 and swizzle mode (62-63) 0 = none.
-// - The mma kernel's k permutation (mma_gemm.cuh): lane t's k slots hold its own E elements of the chunk; k16 step s
-//   takes lane elements 4s..4s+3 of every t: slots 2t, 2t+1 <- 4s, 4s+1 and slots 8+2t, 8+2t+1 <- 4s+2, 4s+3. So B's
-//   token row for step s holds, in K half 0, the pairs x[kc + E·t + 4s .. +1] at bytes 4t (t = 0..3), and in K
-//   half 1 the pairs x[kc + E·t + 4s + 2 .. +3] at bytes 4t. The staging below moves 4-byte pairs to those places
-//   with ordinary loads and stores, then fence.proxy.async.shared::cta (the generic-proxy stores become visible
-//   to the async proxy wgmma reads through) and a barrier.
-// Pipeline per K chunk c (double-buffered x, weights one chunk ahead in registers): issue the global loads of
-// chunk c+1 (x pieces, weight codes, scales); decode chunk c into A fragments; wgmma.fence; E/4 wgmmas (k16 steps)
-// reading x buffer c%2; commit; store chunk c+1's x into buffer (c+1)%2 and fence.proxy.async; wgmma.wait_group 0
-// (A registers and buffer c%2 free again); __syncthreads.
+// - A = the weights, decoded in registers. PTX ISA 9.7.15.5.1.1.1 ("wgmma-64N16-A"): warp w%4 of a warpgroup holds
+//   rows 16·(w%4) .. +15 of the 64, its four .b32 registers laid out as mma.sync m16n8k16's A, so warp w decodes row
+//   tile 8·blockIdx.z + w exactly as the mma.sync kernel does. Two warpgroups: 128 rows per CTA, as there.
+// - D = fp32, TOK/2 per thread; d[4j + e] is (row 16·(w%4) + g + 8·(e/2), token 8j + 2t + (e%2)): per 8 tokens j
+//   exactly mma.sync's C fragment, so store_tile (mma_gemm.cuh) writes it.
+// - B = the activations (tokens = wgmma's N, 8..128 per CTA) from shared memory, K-major, no swizzle: "core matrices"
+//   of 8 tokens × 16 bytes (8 k), 128 contiguous bytes, token r at 16·r (PTX ISA 9.7.15.5.1.2.1.3). The weights'
+//   k order is the mma kernel's (lane t's k slots hold its own E elements: step s takes lane elements 4s..4s+3, slots
+//   2t, 2t+1 <- 4s, 4s+1 and 8+2t, 9+2t <- 4s+2, 4s+3), so a core matrix row gathers 4-byte pairs from four places of
+//   x. stage_x (a small kernel before the GEMM) writes x once per call in exactly the shared-memory order, per chunk
+//   and group of 8 tokens a contiguous KB·16-byte block: step s, K half h, token r, lane slot t at byte
+//   (2s + h)·128 + 16r + 4t holds x[token, chunk·KB + E·t + 4s + 2h .. +1] (zero past M and K). The GEMM then copies
+//   it with plain 16-byte cp.async, and the descriptor of step s starts at s·256 bytes with LBO = 128 (the distance
+//   between the K halves' core matrices) and SBO = KB·16 (between token groups).
+//
+// Pipeline (S stages, one cp.async group and one CTA barrier per K chunk; each thread waits for its own copies, the
+// barrier publishes everyone's):
+//   chunk c: wait for chunk c's copies; fence.proxy.async (they become visible to wgmma's async proxy); barrier;
+//            copy chunk c+S-2 into the stage chunk c-2 used (its wgmmas finished in both warpgroups before the
+//            barrier: each waited for all but its newest wgmma group in chunk c-1); decode chunk c's weights from
+//            its stage into A set c%2; issue its KB/16 wgmmas; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so
+//            A set (c+1)%2 may be written next).
+// So decoding chunk c overlaps chunk c-1's tensor-core work and S-2 chunks of copies are in flight.
 #include "mma_gemm.cuh"
 
-// The kernel body exists only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
-// compile an empty kernel, and the host entry refuses to launch on anything but the sm_90a binary.
+// The kernel bodies exist only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
+// compile empty kernels, and the host entry refuses to launch on anything but a 9.0 device.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define B12X_WGMMA_DEVICE 1
 #endif
 
 namespace b12x {
 namespace wgmma {
-using namespace mma;  // decode functors (FmtFP8, FmtMXFP8, FmtFP4<NV>, FmtQ8_0) and their helpers
+using namespace mma;  // decode functors, MmaParams, tile_rows, WeightStream, store_tile
 
-constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA, one per warp
 constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps == 8, "two warpgroups of four warps");
 
-struct Params : WgmmaPlan {
-  const __nv_bfloat16* x;  // [M, K], 16-byte aligned
-  const __nv_bfloat16* bias;
-  __nv_bfloat16* y;
-  int M;
-  int n16;
-};
-
-template <class F, int NT>
-constexpr int smem_bytes() {  // two x buffers of 8·NT tokens × one chunk
-  return 2 * 8 * NT * F::KB * 2;
+// Stages of the shared-memory ring: as many as fit 220 KB, 3..6 (S-2 chunks in flight).
+template <class F, int MT>
+constexpr int x_stage_bytes() {
+  return 8 * MT * F::KB * 2;
+}
+template <class F, int MT>
+constexpr int stage_bytes() {
+  return x_stage_bytes<F, MT>() + kWarps * slot_bytes<F>();
+}
+template <class F, int MT>
+constexpr int stages() {
+  constexpr int fit = (220 * 1024) / stage_bytes<F, MT>();
+  return fit > 6 ? 6 : fit < 3 ? 3 : fit;
+}
+template <class F, int MT>
+constexpr int smem_bytes() {
+  return stages<F, MT>() * stage_bytes<F, MT>();
+}
+template <int MT>
+constexpr int min_blocks() {  // small token tiles: two CTAs per SM (128 registers a thread)
+  return MT <= 4 ? 2 : 1;
 }
 
 #ifdef B12X_WGMMA_DEVICE
 // ---------------------------------------------------------------------------------------------- wgmma helpers
-// The layout puts the k 0-7 and k 8-15 core matrices of a token group 128 bytes apart and token groups 256 bytes
-// apart. LBO is the K-direction distance and SBO the token-direction one (PTX ISA, K-major, no swizzle); building
-// with -DB12X_WGMMA_SWAP_LBO_SBO swaps the two fields (a diagnosis aid should the hardware read them the other way:
-// nt = 1 never uses SBO, so nt = 1 right and nt >= 2 wrong points at SBO).
-#ifndef B12X_WGMMA_SWAP_LBO_SBO
-constexpr uint32_t kLBO = 128, kSBO = 256;
-#else
-constexpr uint32_t kLBO = 256, kSBO = 128;
-#endif
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the wgmma fences (CUTLASS's
 // warpgroup_fence_operand).
@@ -84,9 +82,10 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ uint64_t desc_field(uint32_t bytes) { return (bytes & 0x3FFFFu) >> 4; }
-// K-major, no swizzle, base offset 0: start address | LBO << 16 | SBO << 32 (see the header).
+// K-major, no swizzle, base offset 0 (PTX ISA 9.7.15.5.1.2.2): start address | LBO << 16 | SBO << 32.
+template <uint32_t SBO>
 __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
-  return desc_field(smem_addr) | (desc_field(kLBO) << 16) | (desc_field(kSBO) << 32);
+  return desc_field(smem_addr) | (desc_field(128) << 16) | (desc_field(SBO) << 32);
 }
 
 // d += A (64 × 16 bf16, registers) · B (16 × N bf16, shared memory through desc), N = 8·NT; scale-d = 1,
@@ -175,226 +174,258 @@ __device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&
 }
 #endif  // B12X_WGMMA_DEVICE
 
-// ---------------------------------------------------------------------------------------------- kernel
-template <class F, int NT>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const Params p) {
+// ---------------------------------------------------------------------------------------------- stage_x
+// x [M, K] (row stride K) -> staged[chunk][group of 8 tokens][KB·16 bytes] in the B operand's shared-memory order
+// (the header). One thread per 16-byte piece of x (token m, chunk c, lane slot t, elements 8j..8j+7 of the slot's E):
+// a coalesced load, its four 4-byte pairs to steps 2j' and 2j'+1 (j' = j within the slot), K halves 0 and 1.
+template <class F>
+__global__ void stage_x_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ staged, int M, int K,
+                               int chunks, int groups) {
 #ifdef B12X_WGMMA_DEVICE
-  static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this prototype does not keep");
+  constexpr int KB = F::KB, E = F::E, PIECES = KB / 8;  // 16-byte pieces per token and chunk
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)groups * 8 * chunks * PIECES) return;
+  const int pc = int(i % PIECES);
+  const long long rest = i / PIECES;
+  const int m = int(rest % (groups * 8)), c = int(rest / (groups * 8));
+  const int e0 = 8 * pc, t = e0 / E, s0 = (e0 % E) / 4, k = c * KB + e0;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (m < M && k < K) v = __ldg(reinterpret_cast<const uint4*>(x + size_t(m) * K + k));
+  uint8_t* block = staged + (size_t(c) * groups + m / 8) * (KB * 16) + 16 * (m % 8) + 4 * t;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 0) * 128) = v.x;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 1) * 128) = v.y;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 2) * 128) = v.z;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 3) * 128) = v.w;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------- GEMM
+// grid (token tiles, K splits, 128-row blocks), as mma_gemm's linear form.
+template <class F, int MT>
+__global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(const MmaParams p,
+                                                                                   const uint8_t* staged) {
+#ifdef B12X_WGMMA_DEVICE
+  static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this kernel does not keep");
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int TOK = 8 * NT, KB = F::KB, E = F::E;
+  constexpr int TOK = 8 * MT, KB = F::KB, E = F::E, S = stages<F, MT>();
   constexpr int STEPS = KB / 16;  // k16 steps per chunk (E/4: each takes 4 elements of every lane)
   constexpr int GROUPS = E / 8;   // decode8 groups per chunk: two steps each
-  constexpr int BUF = TOK * KB * 2;
-  constexpr int ROW_PIECES = KB / 8;  // 16-byte pieces of x per token and chunk
-  constexpr int PIECES = TOK * ROW_PIECES, PER_THREAD = (PIECES + kThreads - 1) / kThreads;
+  constexpr int XBYTES = x_stage_bytes<F, MT>(), SLOT = slot_bytes<F>();
+  constexpr int XPIECES = XBYTES / 16, PER_THREAD = (XPIECES + kThreads - 1) / kThreads;
   static_assert(STEPS == 2 * GROUPS, "two k16 steps per decode group");
-  static_assert(E % 8 == 0, "a 16-byte x piece stays inside one lane's E elements");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
-  const int tok0 = blockIdx.x * TOK;
-  const int tile = blockIdx.y * kWarps + warp;  // this warp's row tile (wgmma rows 16·(warp%4) of its warpgroup)
-  const bool live = tile < p.n16;               // uniform per warp; dead warps feed zeros (wgmma is collective)
-  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
+  const int c_begin = split * p.chunks_per_split;
+  const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
+  const int tile_base = nblk * kWarps + warp;  // this warp's row tile (wgmma rows 16·(warp%4) of its warpgroup)
+  const bool live = tile_base < p.n16;         // uniform per warp; dead warps feed zeros (wgmma is collective)
+  uint8_t* xring = smem;                       // S stages of x
+  uint8_t* ring = smem + S * XBYTES + warp * S * SLOT;  // this warp's S weight slots
+  const uint32_t xring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xring));
 
-  // x: piece i of a chunk is token i / ROW_PIECES, elements 8·(i % ROW_PIECES) .. +7 of the chunk; zero past M, K.
-  uint4 xr[PER_THREAD];
-  auto load_x = [&](int c) {
+  __shared__ int src_row[TOK], dst_row[TOK];
+  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
+  if (expert < 0) return;
+  const WeightStream<F, 1> weights(p, expert * p.n16 + tile_base, tile_base, lane);
+
+  // Chunk c's copies into stage c % S: the token tile's staged x block (zero past the staged groups) and the warp's
+  // weight tile.
+  const int groups = (p.M + 7) / 8;
+  const int live_bytes = min(XBYTES, max(0, (groups - mtile * MT) * KB * 16));
+  auto issue = [&](int c) {
+    if (c >= c_end) return;
+    const uint8_t* src = staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16);
+    uint8_t* dst = xring + (unsigned(c) % S) * XBYTES;
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      xr[i] = make_uint4(0, 0, 0, 0);
-      if (idx < PIECES) {
-        const int m = tok0 + idx / ROW_PIECES, k = c * KB + 8 * (idx % ROW_PIECES);
-        if (m < p.M && k < p.K) xr[i] = __ldg(reinterpret_cast<const uint4*>(p.x + size_t(m) * p.K + k));
-      }
+      const int off = 16 * (threadIdx.x + i * kThreads);
+      if (off < XBYTES) cp_async16(dst + off, off < live_bytes ? src + off : staged, off < live_bytes ? 16 : 0);
     }
-  };
-  // The piece's elements e0 .. e0+7 (e0 = 8·pc) belong to lane slot tt = e0 / E, lane elements w0 .. w0+7
-  // (w0 = e0 % E, a multiple of 8): steps s0 = w0/4 and s0+1, pairs (4s, 4s+1) to K half 0, (4s+2, 4s+3) to half 1.
-  auto store_x = [&](int buf) {
-    uint8_t* b = smem + buf * BUF;
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      if (idx < PIECES) {
-        const int n = idx / ROW_PIECES, e0 = 8 * (idx % ROW_PIECES);
-        const int tt = e0 / E, s0 = (e0 % E) / 4, nb = n >> 3, r = n & 7;
-        auto at = [&](int s, int h) {
-          return reinterpret_cast<uint32_t*>(b + ((s * NT + nb) * 2 + h) * 128 + r * 16 + 4 * tt);
-        };
-        *at(s0, 0) = xr[i].x;
-        *at(s0, 1) = xr[i].y;
-        *at(s0 + 1, 0) = xr[i].z;
-        *at(s0 + 1, 1) = xr[i].w;
-      }
-    }
-  };
-  // Weights of chunk c: the lane's two 16-byte code pieces (rows q and q+8) and their scale state, straight from
-  // global memory (the tile layout's lane order makes both code loads coalesced).
-  using S = typename F::S;
-  auto load_w = [&](int c, uint4 (&w)[2], S (&sc)[2]) {
-    if (!live) {
-      w[0] = w[1] = make_uint4(0, 0, 0, 0);
-      sc[0] = sc[1] = S{};
-      return;
-    }
-    const size_t tc = size_t(tile) * p.chunks + c;
-    const uint4* codes = reinterpret_cast<const uint4*>(p.codes) + tc * 64 + lane;
-    w[0] = __ldg(codes);
-    w[1] = __ldg(codes + 32);
-    const uint8_t* m = p.meta + tc * 16 * F::META;
-    sc[0] = F::scale(m + q * F::META, nullptr, t, w[0], p.scale_mul);
-    sc[1] = F::scale(m + (8 + q) * F::META, nullptr, t, w[1], p.scale_mul);
+    weights.template copy<S>(p, ring, c, lane);
   };
 
-  float acc[TOK / 2];
+  float acc[1][MT][4];
+  float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
 #pragma unroll
-  for (int i = 0; i < TOK / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < TOK / 2; ++i) d[i] = 0.f;
 
-  uint4 w[2];
-  S sc[2];
-  load_x(0);
-  load_w(0, w, sc);
-  store_x(0);
-  fence_proxy_async();
-  __syncthreads();
-  for (int c = 0; c < p.chunks; ++c) {
-    const int buf = c & 1;
-    const bool more = c + 1 < p.chunks;  // uniform over the CTA
-    uint4 wn[2];
-    S sn[2];
-    if (more) {
-      load_x(c + 1);
-      load_w(c + 1, wn, sn);
+  // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
+  uint32_t a[2][STEPS][4];
+  using Sc = typename F::S;
+  auto chunk = [&](int c, auto P) {
+    constexpr int par = decltype(P)::value;
+    cp_async_wait<S - 3>();
+    fence_proxy_async();
+    __syncthreads();
+    issue(c + S - 2);
+    cp_async_commit();
+    if (live) {
+      const uint8_t* slot = ring + (unsigned(c) % S) * SLOT;
+      const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+      const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+      const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+      static_for<GROUPS>([&](auto G) {
+        constexpr int g = decltype(G)::value;
+        uint32_t lo[4], hi[4];  // rows q and q+8
+        F::template decode8<g>(w0, s0, nullptr, lane, lo);
+        F::template decode8<g>(w1, s1, nullptr, lane, hi);
+        a[par][2 * g][0] = lo[0];
+        a[par][2 * g][1] = hi[0];
+        a[par][2 * g][2] = lo[1];
+        a[par][2 * g][3] = hi[1];
+        a[par][2 * g + 1][0] = lo[2];
+        a[par][2 * g + 1][1] = hi[2];
+        a[par][2 * g + 1][2] = lo[3];
+        a[par][2 * g + 1][3] = hi[3];
+      });
+    } else {
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) a[par][s][0] = a[par][s][1] = a[par][s][2] = a[par][s][3] = 0u;
     }
-    uint32_t a[STEPS][4];  // step 2g: lane elements 8g..8g+3, step 2g+1: 8g+4..8g+7 (as mma16816's two calls)
-    static_for<GROUPS>([&](auto G) {
-      constexpr int g = decltype(G)::value;
-      uint32_t lo[4], hi[4];  // rows q and q+8
-      F::template decode8<g>(w[0], sc[0], nullptr, lane, lo);
-      F::template decode8<g>(w[1], sc[1], nullptr, lane, hi);
-      a[2 * g][0] = lo[0];
-      a[2 * g][1] = hi[0];
-      a[2 * g][2] = lo[1];
-      a[2 * g][3] = hi[1];
-      a[2 * g + 1][0] = lo[2];
-      a[2 * g + 1][1] = hi[2];
-      a[2 * g + 1][2] = lo[3];
-      a[2 * g + 1][3] = hi[3];
-    });
-    fence_operands(acc);
+    fence_operands(d);
     wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
+    const uint32_t xs = xring_addr + (unsigned(c) % S) * XBYTES;
     static_for<STEPS>([&](auto St) {
       constexpr int s = decltype(St)::value;
-      mma_async<TOK>(acc, a[s], smem_desc(smem_addr + buf * BUF + s * NT * 256));
+      mma_async<TOK>(d, a[par][s], smem_desc<KB * 16>(xs + s * 256));
     });
     wg_commit();
-    if (more) {
-      store_x(buf ^ 1);  // the other buffer: its last reader (chunk c-1's wgmmas) completed before the barrier
-      fence_proxy_async();
-    }
-    wg_wait_all();  // this chunk's wgmmas are done: A registers and buffer `buf` may change
-    fence_operands(acc);
-    __syncthreads();  // buffer buf^1 written by every thread (and fenced); buffer buf read by both warpgroups
-    if (more) {
-      w[0] = wn[0];
-      w[1] = wn[1];
-      sc[0] = sn[0];
-      sc[1] = sn[1];
-    }
-  }
+    wg_wait<1>();
+    fence_operands(d);
+  };
 
-  // Epilogue: d[4j + e] is weight row 16·tile + q + 8·(e/2), token tok0 + 8j + 2t + (e%2).
-  if (!live) return;
+  // cp.async groups, one committed per chunk: S-2 before the loop, then one in each chunk, so chunk i's group is
+  // complete once at most S-3 newer ones are pending.
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = tile * 16 + q + 8 * (e >> 1), tok = tok0 + 8 * j + 2 * t + (e & 1);
-      if (row >= p.N || tok >= p.M) continue;
-      float v = acc[4 * j + e] * p.alpha;
-      if (p.bias) v += __bfloat162float(p.bias[row]);
-      p.y[size_t(tok) * p.ldy + row] = __float2bfloat16_rn(v);
-    }
+  for (int s = 0; s < S - 2; ++s) {
+    issue(c_begin + s);
+    cp_async_commit();
+  }
+  for (int c = c_begin; c < c_end; c += 2) {
+    chunk(c, std::integral_constant<int, 0>{});
+    if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
+  }
+  wg_wait<0>();
+  fence_operands(d);
+  cp_async_wait<0>();
+
+  store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 #endif  // B12X_WGMMA_DEVICE
 }
 
-template <class F, int NT>
-cudaError_t launch(const Params& p, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<F, NT>();
+template <class F, int MT>
+cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
+  constexpr int bytes = smem_bytes<F, MT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
-  auto kernel = wgmma_gemm_kernel<F, NT>;
-  // On a 9.0 device (wgmma_gemm checked) the only image this object holds that can load is sm_90a: a build
-  // without it fails here with cudaErrorNoKernelImageForDevice (no PTX is embedded to fall back on).
-  cudaFuncAttributes attr{};
-  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  const int groups = (p.M + 7) / 8;
+  const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
+  stage_x_kernel<F><<<unsigned((pieces + 255) / 256), 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  auto kernel = wgmma_gemm_kernel<F, MT>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.M + 8 * NT - 1) / (8 * NT), (p.n16 + kWarps - 1) / kWarps);
-  kernel<<<grid, kThreads, bytes, stream>>>(p);
+  const int mtiles = (p.M + 8 * MT - 1) / (8 * MT);
+  kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, bytes, stream>>>(p, staged);
   return cudaGetLastError();
 }
 
-template <class F>
-cudaError_t launch_nt(const Params& p, cudaStream_t stream) {
-  switch (p.nt) {
-    case 1: return launch<F, 1>(p, stream);
-    case 2: return launch<F, 2>(p, stream);
-    case 4: return launch<F, 4>(p, stream);
-    case 8: return launch<F, 8>(p, stream);
-    case 16: return launch<F, 16>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+template <class F, int MT>
+int blocks_per_sm() {
+  auto kernel = wgmma_gemm_kernel<F, MT>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  return blocks;
 }
 
-// fn(F{}) for the formats this prototype runs, `fallback` for the others.
+// fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles this kernel runs, `fallback` for others.
 template <class R, class Fn>
-R with_format(int format, R fallback, Fn&& fn) {
+R with_config(int format, int mt, R fallback, Fn&& fn) {
+  auto tiles = [&](auto f) -> R {
+    switch (mt) {
+      case 1: return fn(f, std::integral_constant<int, 1>{});
+      case 2: return fn(f, std::integral_constant<int, 2>{});
+      case 4: return fn(f, std::integral_constant<int, 4>{});
+      case 8: return fn(f, std::integral_constant<int, 8>{});
+      case 16: return fn(f, std::integral_constant<int, 16>{});
+      default: return fallback;
+    }
+  };
   switch (format) {
-    case FMT_FP8: return fn(FmtFP8{});
-    case FMT_MXFP8: return fn(FmtMXFP8{});
-    case FMT_NVFP4: return fn(FmtFP4<true>{});
-    case FMT_MXFP4: return fn(FmtFP4<false>{});
-    case FMT_Q8_0: return fn(FmtQ8_0{});
+    case FMT_FP8: return tiles(FmtFP8{});
+    case FMT_MXFP8: return tiles(FmtMXFP8{});
+    case FMT_NVFP4: return tiles(FmtFP4<true>{});
+    case FMT_MXFP4: return tiles(FmtFP4<false>{});
+    case FMT_Q8_0: return tiles(FmtQ8_0{});
     default: return fallback;
   }
 }
 
+// The device runs sm_90a code (compute capability 9.0 exactly), asked once per device.
+bool on_sm90(int device) {
+  static int known[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  if (!known[device]) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    known[device] = major == 9 && minor == 0 ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
 }  // namespace wgmma
 
-const char* wgmma_plan_error(const WgmmaPlan& p) {
+const char* wgmma_plan_error(const MmaPlan& p) {
   using namespace wgmma;
-  const int ck = with_format(p.format, 0, [](auto f) { return decltype(f)::KB; });
+  const int ck = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
   if (!ck) return "wgmma_gemm: format must be FP8, MXFP8, NVFP4, MXFP4 or Q8_0 (no per-chunk fp32 scale)";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
-  if (p.nt != 1 && p.nt != 2 && p.nt != 4 && p.nt != 8 && p.nt != 16) return "wgmma_gemm: nt must be 1, 2, 4, 8 or 16";
-  if (p.ldy < p.N) return "wgmma_gemm: need ldy >= N";
+  if (!with_config(p.format, p.mt, 0, [](auto, auto) { return 1; })) return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
+  if (p.rt != 1) return "wgmma_gemm: rt must be 1 (a warp decodes one row tile)";
+  if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
+  if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
+  if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "wgmma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
+  if (p.ldy < p.N && p.epilogue != MMA_OUT_SILU && p.epilogue != MMA_OUT_F32) return "wgmma_gemm: need ldy >= N";
   if (!p.codes || reinterpret_cast<uintptr_t>(p.codes) % 16) return "wgmma_gemm: null or misaligned codes";
-  const int meta = with_format(p.format, 0, [](auto f) { return decltype(f)::META; });
+  const int meta = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::META; });
   if (meta && !p.meta) return "wgmma_gemm: this format needs its block scales (meta)";
   return nullptr;
 }
 
-cudaError_t wgmma_gemm(const WgmmaPlan& plan, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
-                       int M, cudaStream_t stream) {
+size_t wgmma_staged_bytes(int format, int M, int chunks) {
   using namespace wgmma;
-  if (wgmma_plan_error(plan) || M < 1 || !x || !y) return cudaErrorInvalidValue;
-  int device = 0, major = 0, minor = 0;
+  const int ck = with_config(format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
+  return size_t((M + 7) / 8) * 8 * chunks * ck * 2;
+}
+
+int wgmma_blocks_per_sm(int format, int mt) {
+  using namespace wgmma;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || !on_sm90(device)) return 0;
+  return with_config(format, mt, 0, [](auto f, auto m) { return blocks_per_sm<decltype(f), decltype(m)::value>(); });
+}
+
+cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream) {
+  using namespace wgmma;
+  if (wgmma_plan_error(plan) || call.M < 1 || !call.x || !staged || call.order) return cudaErrorInvalidValue;
+  int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
-  if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;  // sm_90a code runs on 9.0 only
-  Params p{};
-  static_cast<WgmmaPlan&>(p) = plan;
-  p.x = x;
-  p.bias = bias;
-  p.y = y;
-  p.M = M;
+  if (!on_sm90(device)) return cudaErrorNoKernelImageForDevice;  // sm_90a code runs on 9.0 only
+  MmaParams p{};
+  static_cast<MmaPlan&>(p) = plan;
+  static_cast<MmaCall&>(p) = call;
   p.n16 = (plan.N + 15) / 16;
-  return with_format(plan.format, cudaErrorInvalidValue, [&](auto f) { return launch_nt<decltype(f)>(p, stream); });
+  p.chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  return with_config(plan.format, plan.mt, cudaErrorInvalidValue,
+                     [&](auto f, auto m) { return launch<decltype(f), decltype(m)::value>(p, staged, stream); });
 }
 
 }  // namespace b12x

@@ -34,8 +34,8 @@ QUAD = 4  # lanes sharing a row
 TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
-WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # the Hopper wgmma prototype's nt: 8·nt tokens per CTA (wgmma's N)
-WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # its decodes need no per-chunk fp32 scale
+WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
+WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
 
 
 def chunk_k(fmt: str) -> int:
@@ -107,33 +107,15 @@ MmaPlan = _block(
         ("N", "int", "weight rows (per expert when grouped)"),
         ("K", "int", "a multiple of 8"),
         ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
-        ("mt", "int", "token tile of 8·mt tokens (1, 2 or 4)"),
-        ("rt", "int", "row tiles of 16 per warp (1 or 2): TILES_PER_CTA/rt warps per CTA"),
+        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)"),
+        ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 1): TILES_PER_CTA/rt warps per CTA"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
     ],
 )
 
-WgmmaPlan = _block(
-    "WgmmaPlan",
-    "wgmma_gemm (sm_90a prototype): y[m·ldy + n] = bf16(alpha · sum_k x·W + bias[n]) over mma_gemm's tile layout.",
-    [
-        ("format", "int", "FMT_FP8, FMT_MXFP8, FMT_NVFP4, FMT_MXFP4 or FMT_Q8_0"),
-        ("codes", "const uint8_t*", "code tiles (16 rows × one chunk of K, lane order), 16-byte aligned"),
-        ("meta", "const uint8_t*", "per (row, chunk) block-scale bytes, row-blocked; null for FP8"),
-        ("meta2", "const uint8_t*", "unused by the supported formats (null)"),
-        ("alpha", "float", "per-tensor scale of the result"),
-        ("scale_mul", "float", "power of two multiplying block scales in the decode (alpha holds its inverse)"),
-        ("ldy", "int", "row stride of y"),
-        ("N", "int", "weight rows"),
-        ("K", "int", "a multiple of 8"),
-        ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
-        ("nt", "int", "token tile of 8·nt tokens (1, 2, 4, 8 or 16): the wgmma's N"),
-    ],
-)
-
-BLOCKS = (GemvGgmlPlan, GemvElemPlan, MmaPlan, WgmmaPlan)
+BLOCKS = (GemvGgmlPlan, GemvElemPlan, MmaPlan)
 
 
 def pack(block: type[ctypes.Structure], **fields) -> bytes:

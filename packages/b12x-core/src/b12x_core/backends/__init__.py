@@ -10,6 +10,7 @@ from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
 from .tensor_core_moe import TensorCoreMoE
+from .tensor_core_wgmma import TensorCoreWgmma
 from .triton_moe import TritonMoE
 from .triton_tiles import TritonTiles
 
@@ -20,6 +21,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     BlockScaledMM,
     DecodeGemm,
     TritonTiles,
+    TensorCoreWgmma,  # after the others: chosen only where measurements (crossover.json) say it is faster
     TritonMoE,
     TensorCoreMoE,  # after TritonMoE: chosen where measurements (crossover.json) say it is faster
     CudaEmbeddingQ8_0,

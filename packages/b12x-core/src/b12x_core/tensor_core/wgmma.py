@@ -1,7 +1,7 @@
-"""The Hopper (sm_90a) warpgroup-MMA prototype of the tensor-core GEMM (b12x_kernels.wgmma_gemm,
-csrc/wgmma_gemm.cu): the same repacked weights as gemm.py's MmaShard, 8·nt tokens per CTA as the wgmma's N, K
-whole, only the bf16 epilogue (bias optional). Not a backend and in no registry: tests and
-benchmarks/wgmma_linear.py call it directly.
+"""The Hopper (sm_90a) form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu): warpgroup MMAs
+over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.plan: MmaPlan) with token tiles up to
+128 tokens (wgmma's N), K split across CTAs with the same deterministic reduction. A call stages its activations in
+the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per shard.
 """
 
 from __future__ import annotations
@@ -9,41 +9,56 @@ from __future__ import annotations
 import torch
 
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
-from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # nt: 8·nt tokens per CTA
+from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
 
-from .gemm import MmaShard, device_ptr
+from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
+from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["FORMATS", "TOKEN_TILES", "plan", "run", "token_tile"]
+__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "run", "slots", "staged_bytes", "token_tile"]
 
-
-def plan(shard: MmaShard, nt: int, ldy: int) -> bytes:
-    """The kernel's argument block (b12x_kernels.interface.WgmmaPlan) for `shard`, token tile 8·nt, output row
-    stride ldy: packed on first use, then kept in the shard's plan cache."""
-    key = ("wgmma", nt, ldy)
-    if key not in shard.plans:
-        from b12x_kernels import interface
-
-        shard.plans[key] = interface.pack(
-            interface.WgmmaPlan, format=shard.fmt_id, codes=shard.codes.data_ptr(), meta=device_ptr(shard.meta),
-            meta2=device_ptr(shard.meta2), alpha=shard.alpha, scale_mul=shard.scale_mul, ldy=ldy, N=shard.n, K=shard.k,
-            chunks=shard.chunks, nt=nt,
-        )  # fmt: skip
-    return shard.plans[key]
+CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
+CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 1, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
 def token_tile(m: int) -> int:
-    """The smallest nt whose tile (8·nt tokens) covers m, capped at the largest."""
-    return next((nt for nt in TOKEN_TILES if 8 * nt >= m), TOKEN_TILES[-1])
+    """The smallest mt whose tile (8·mt tokens) covers m, capped at the largest."""
+    return next((mt for mt in TOKEN_TILES if 8 * mt >= m), TOKEN_TILES[-1])
 
 
-def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, nt: int,
-        stream: int) -> None:  # fmt: skip
-    """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]."""
+def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
+    """CTAs that run at once: SMs × CTAs per SM (the kernel's occupancy where `measured`, else its launch bounds)."""
+    blocks = CONSERVATIVE_BLOCKS[mt]
+    if measured:
+        import b12x_kernels
+        from b12x_formats.kernel_facts import format_id
+
+        blocks = b12x_kernels.wgmma_blocks_per_sm(format_id(fmt), mt) or blocks
+    return sms * blocks
+
+
+def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None) -> MmaConfig:
+    """The token tile that covers M in the fewest tiles (or the given mt), and the K split that fills the GPU
+    (gemm.even_split); `slots_of(mt)` gives the CTAs that run at once."""
+    mt = mt or token_tile(m)
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt)))
+
+
+def staged_bytes(fmt: str, m: int, k: int) -> int:
+    """Scratch one call of m tokens stages its activations in (whole groups of 8 tokens × K padded to chunks)."""
+    ck = chunk_k(fmt)
+    return -(-m // 8) * 8 * -(-k // ck) * ck * 2
+
+
+def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
+        workspace: MmaWorkspace, staged: torch.Tensor, stream: int) -> None:  # fmt: skip
+    """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]; `staged`
+    holds at least staged_bytes(format, M, K)."""
     import b12x_kernels
 
     m = x2.shape[0]
     for s in shards:
         b12x_kernels.wgmma_gemm(
-            plan(s, nt, y.shape[1]), x2.data_ptr(), 0 if bias is None else bias[s.row :].data_ptr(),
-            y[:, s.row :].data_ptr(), m, stream,
+            s.plan(config, y.shape[1]), x2.data_ptr(), device_ptr(None if bias is None else bias[s.row :]),
+            y[:, s.row :].data_ptr(), m, workspace.partials.data_ptr(), workspace.tickets.data_ptr(),
+            staged.data_ptr(), stream,
         )  # fmt: skip
