@@ -42,7 +42,12 @@ using namespace mma;  // decode functors, MmaParams, tile_rows, WeightStream, st
 constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps == 8, "two warpgroups of four warps");
 
-// Stages of the shared-memory ring: as many as fit 220 KB, 3..6 (S-2 chunks in flight).
+// CTAs per SM: two up to 64 tokens (16 warps an SM to hide the decode's latencies; 128 registers a thread and at
+// most 110 KB of shared memory each), one at 128 tokens (its accumulators alone take 64 registers).
+template <int MT>
+constexpr int min_blocks() {
+  return MT <= 8 ? 2 : 1;
+}
 template <class F, int MT>
 constexpr int x_stage_bytes() {
   return 8 * MT * F::KB * 2;
@@ -51,18 +56,15 @@ template <class F, int MT>
 constexpr int stage_bytes() {
   return x_stage_bytes<F, MT>() + kWarps * slot_bytes<F>();
 }
+// Stages of the shared-memory ring: as many as fit the CTA's share of the SM, 3..6 (S-2 chunks in flight).
 template <class F, int MT>
 constexpr int stages() {
-  constexpr int fit = (220 * 1024) / stage_bytes<F, MT>();
+  constexpr int fit = (220 * 1024 / min_blocks<MT>()) / stage_bytes<F, MT>();
   return fit > 6 ? 6 : fit < 3 ? 3 : fit;
 }
 template <class F, int MT>
 constexpr int smem_bytes() {
   return stages<F, MT>() * stage_bytes<F, MT>();
-}
-template <int MT>
-constexpr int min_blocks() {  // small token tiles: two CTAs per SM (128 registers a thread)
-  return MT <= 4 ? 2 : 1;
 }
 
 #ifdef B12X_WGMMA_DEVICE

@@ -17,7 +17,7 @@ from .geometry import chunk_k, output_tiles, token_tiles
 __all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "run", "slots", "staged_bytes", "token_tile"]
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
-CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 1, 16: 1}  # CTAs per SM by token tile (its launch bounds)
+CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
 def token_tile(m: int) -> int:
