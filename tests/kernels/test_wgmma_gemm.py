@@ -76,7 +76,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
 def test_token_tiles_and_staging_sizes():
     from b12x_core.tensor_core import geometry, wgmma
 
-    assert [wgmma.token_tile(m) for m in (1, 8, 9, 64, 65, 128, 1000)] == [1, 1, 2, 8, 16, 16, 16]
+    assert [wgmma.token_tile(m) for m in (1, 8, 9, 16, 17, 64, 65, 256, 257, 4096)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
     for fmt in FORMATS:
         ck = geometry.chunk_k(fmt)
