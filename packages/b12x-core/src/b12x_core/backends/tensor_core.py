@@ -63,8 +63,7 @@ class TensorCoreGemm(Backend):
     @staticmethod
     def tickets(query, rows) -> int:
         """Split-K tickets the largest call of these plan rows takes: one per output tile of a split call."""
-        return max([1] + [geometry.output_tiles(geometry.token_tiles(last, config["tokens"] // 8), query.n)
-                          for _, last, config in rows if config["splits"] > 1])  # fmt: skip
+        return geometry.split_tickets(query.n, rows)
 
     def reserve(self, rows):
         self.tickets_needed = self.tickets(self.query, rows)

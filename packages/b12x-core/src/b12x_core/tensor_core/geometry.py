@@ -10,7 +10,7 @@ from b12x_kernels.interface import LANE_BYTES, QUAD, ROWS_PER_CTA, TILE_ROWS, TO
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
 __all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "LANE_BYTES", "QUAD", "ROWS_PER_CTA", "TILE_ROWS", "TOKEN_TILES", "chunk_k",
-           "occupancy_slots", "output_tiles", "token_tile", "token_tiles"]  # fmt: skip
+           "occupancy_slots", "output_tiles", "split_tickets", "token_tile", "token_tiles"]  # fmt: skip
 
 
 def token_tile(m: int) -> int:
@@ -27,6 +27,13 @@ def output_tiles(token_blocks: int, n: int) -> int:
     """Output tiles (one CTA's work per K split) of `token_blocks` token tiles × n weight rows; a split-K call
     takes one ticket per output tile."""
     return token_blocks * -(-n // ROWS_PER_CTA)
+
+
+def split_tickets(n: int, rows) -> int:
+    """Split-K tickets the largest call of a linear's plan rows ((first, last, config) with config["tokens"] per
+    token tile and config["splits"]) takes: one per output tile of a call that splits K; at least 1."""
+    return max([1] + [output_tiles(token_tiles(last, config["tokens"] // 8), n)
+                      for _, last, config in rows if config["splits"] > 1])  # fmt: skip
 
 
 def occupancy_slots(query, fmt: str, mt: int) -> int:
