@@ -26,3 +26,16 @@ def test_plan_check_smoke_writes_rows_and_a_table_the_plan_reads(tmp_path):
     entries = crossover.load(tmp_path / "table.json")
     assert {(e.format, e.act_mode) for e in entries} == {(r["format"], r["mode"]) for r in measured}
     assert all(e.ms == (1, 2, 4) and len(e.us["reference"]) == 3 for e in entries)
+
+
+def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from plan_check import PRUNE, falling_behind
+    finally:
+        sys.path.pop(0)
+    before = {"gemv": 2.0 * PRUNE, "decode": 1.5 * PRUNE, "tiles": 1.0}
+    now = {"gemv": 4.0 * PRUNE, "decode": 1.5 * PRUNE * 1.001, "tiles": 1.0, "new": 5.0 * PRUNE}
+    # the GEMV grows away; decode's flat fixed cost moves by noise only; a backend first timed now is kept
+    assert falling_behind(now, before) == {"gemv"}
+    assert falling_behind({"gemv": 0.9 * PRUNE}, {"gemv": 0.5 * PRUNE}) == set()  # not far behind yet
