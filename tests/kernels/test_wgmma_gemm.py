@@ -2,7 +2,8 @@
 and the tensor_core_wgmma backend).
 
 On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
-run, with the reason. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
+run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; no backend uses it yet) is held to the
+mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
 under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
@@ -53,6 +54,8 @@ MTS = [1, 2, 4, 8, 16]
         ({}, dict(x=8), "misaligned x"),
         ({}, dict(y=0), "misaligned x / y"),
         ({}, dict(staged=0), "staged scratch"),
+        ({}, dict(order=16), "grouped needs the block table"),
+        (dict(mt=2), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
         ("short", {}, "interface.h differ"),
     ],
 )
@@ -240,3 +243,54 @@ def test_fused_shards_write_their_columns(rng, hopper):
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
     for mt in (1, 4):
         close(_run(x, shards, 128, None, gemm.MmaConfig(mt, 1)), x.double().cpu() @ w64.T)
+
+
+def _grouped(form, plan, a, y, slots, workspace, table, mt, fmt, k):
+    """One grouped call through either form (the wgmma form with its staging scratch for the table's blocks)."""
+    from b12x_core.tensor_core import gemm, wgmma
+
+    stream = torch.cuda.current_stream().cuda_stream
+    if form == "mma":
+        gemm.launch(plan, a, y, slots, workspace, stream, table=table)
+        return
+    rows = table[1].shape[1] * 8 * mt
+    staged = torch.empty(wgmma.staged_bytes(fmt, rows, k), dtype=torch.uint8, device="cuda")
+    wgmma.launch(plan, a, y, slots, workspace, staged, stream, table=table)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0"])
+def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
+    """A fused MoE's two GEMMs over one block table (gate/up: the slots' input rows gathered, SiLU of the
+    interleaved gate / up rows; down: float32 slot rows per K split), each through both forms on the prepared
+    expert stacks of the tensor-core MoE backend: equal up to the summation order; split-K tickets left zero."""
+    from test_moe_tiles import alone, problem
+
+    from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+    from b12x_core.moe_blocks import block_table
+    from b12x_core.tensor_core import gemm
+
+    e, h, inter, t, top_k = 8, 512, 128, 45, 2
+    x, w13, w2, _, ids = problem(rng, fmt, "bf16", "silu", e=e, h=h, inter=inter, t=t, top_k=top_k)
+    p = bc.prepare_moe(w13, w2, activation="silu", max_tokens=t, top_k=top_k, device="cuda")
+    moe = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
+    x, ids, slots, rows13 = x.cuda(), ids.cuda(), t * top_k, moe.w13.shard.n
+    for mt in (4, 8, 16):
+        table = block_table(ids, e, 8 * mt)
+        for s13, s2 in ((1, 1), (2, 3)):
+            plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
+            plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
+            results = []
+            for form in ("mma", "wgmma"):
+                tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
+                partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
+                act = torch.full((slots, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+                _grouped(form, plan13, x, act, slots, gemm.MmaWorkspace(partial13, tickets), table, mt, fmt, h)
+                out = torch.full((s2, slots, h), float("nan"), dtype=torch.float32, device="cuda")
+                _grouped(form, plan2, act, None, slots, gemm.MmaWorkspace(out, tickets), table, mt, fmt, inter)
+                torch.cuda.synchronize()
+                assert not tickets.any(), "the split-K tickets are left zero"
+                results.append((act, out.sum(0).to(torch.bfloat16)))
+            (act_mma, down_mma), (act_wg, down_wg) = results
+            close(act_wg, act_mma)
+            close(down_wg, down_mma)

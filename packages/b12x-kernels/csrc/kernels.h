@@ -60,14 +60,15 @@ int mma_blocks_per_sm(int format, int mt, int rt);
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);
 
-// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1),
-// weights, epilogues and split-K reduction, warpgroup MMAs with the decoded weights as the register A operand and the
-// token tile (8·mt tokens) as B from shared memory; formats whose decode needs no per-chunk fp32 scale (FP8, MXFP8,
-// NVFP4, MXFP4, Q8_0); the linear form only (call.order null). `staged` is scratch of wgmma_staged_bytes: x in the B
-// operand's order, written by a small kernel before the GEMM (two launches per call). On other devices (or a build
-// without sm_90a) it returns cudaErrorNoKernelImageForDevice.
+// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1) and
+// call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs with the
+// decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats whose
+// decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of
+// wgmma_staged_bytes(format, rows, chunks) with rows = M (linear) or blocks · 8·mt (grouped): x in the B operand's
+// order, gathered per slot when grouped, written by a small kernel before the GEMM (two launches per call). On other
+// devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice.
 const char* wgmma_plan_error(const MmaPlan& plan);
-size_t wgmma_staged_bytes(int format, int M, int chunks);
+size_t wgmma_staged_bytes(int format, int rows, int chunks);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
 

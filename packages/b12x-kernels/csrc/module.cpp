@@ -132,11 +132,12 @@ PYBIND11_MODULE(_C, m) {
   // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same plan and call as mma_gemm, plus the
   // scratch its activation staging writes (wgmma_staged_bytes).
   m.def("wgmma_blocks_per_sm", &b12x::wgmma_blocks_per_sm, py::arg("format"), py::arg("mt"));
-  m.def("wgmma_staged_bytes", &b12x::wgmma_staged_bytes, py::arg("format"), py::arg("M"), py::arg("chunks"));
+  m.def("wgmma_staged_bytes", &b12x::wgmma_staged_bytes, py::arg("format"), py::arg("rows"), py::arg("chunks"));
   m.def(
       "wgmma_gemm",
       [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
-         std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t staged, std::uintptr_t stream) {
+         std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t staged, std::uintptr_t stream,
+         std::uintptr_t order, std::uintptr_t table, int blocks) {
         const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "wgmma_gemm");
         if (const char* error = b12x::wgmma_plan_error(p)) throw std::invalid_argument(error);
         const bool f32 = p.epilogue == b12x::MMA_OUT_F32;
@@ -146,12 +147,17 @@ PYBIND11_MODULE(_C, m) {
         if (!x || (!y && !f32) || x % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned x / y");
         if (y % 2 || bias % 2) throw std::invalid_argument("wgmma_gemm: misaligned y / bias");
         if (!staged || staged % 16) throw std::invalid_argument("wgmma_gemm: null or misaligned staged scratch");
+        if (order && (!table || blocks < 1 || p.N % 16))
+          throw std::invalid_argument("wgmma_gemm: grouped needs the block table, blocks >= 1 and N % 16 == 0");
+        if (order && p.mt < 4) throw std::invalid_argument("wgmma_gemm: the grouped form runs mt 4, 8 or 16");
         b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
-                           ptr<float>(partials), ptr<int>(tickets), nullptr, nullptr, 0};
+                           ptr<float>(partials), ptr<int>(tickets), ptr<const int>(order), ptr<const int>(table),
+                           blocks};
         check(b12x::wgmma_gemm(p, call, ptr<uint8_t>(staged), stream_of(stream)), "wgmma_gemm launch");
       },
       py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
-      py::arg("tickets"), py::arg("staged"), py::arg("stream"));
+      py::arg("tickets"), py::arg("staged"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0,
+      py::arg("blocks") = 0);
 
   m.def(
       "embedding_q8_0",

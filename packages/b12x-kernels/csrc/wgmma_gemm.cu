@@ -201,9 +201,38 @@ __global__ void stage_x_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __r
 #endif
 }
 
+// The grouped form's staging (a fused MoE's GEMMs): staged row R is row r = R % TOK of table block b = R / TOK, the
+// input row of its slot (slot / top_k, or the slot itself), zero past the block's slot count and for idle blocks;
+// otherwise as stage_x_kernel. Written apart from it so the linear form's code stays the code the H200 ran.
+template <class F>
+__global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ staged, int groups, int tok) {
+#ifdef B12X_WGMMA_DEVICE
+  constexpr int KB = F::KB, E = F::E, PIECES = KB / 8;
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)groups * 8 * p.chunks * PIECES) return;
+  const int pc = int(i % PIECES);
+  const long long rest = i / PIECES;
+  const int row = int(rest % (groups * 8)), c = int(rest / (groups * 8));
+  const int e0 = 8 * pc, t = e0 / E, s0 = (e0 % E) / 4, k = c * KB + e0;
+  const int b = row / tok, r = row % tok;
+  int src = -1;
+  if (p.block_expert[b] >= 0 && r < p.block_rows[b]) {
+    const int slot = p.order[p.block_start[b] + r];
+    src = p.top_k ? slot / p.top_k : slot;
+  }
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (src >= 0 && k < p.K) v = __ldg(reinterpret_cast<const uint4*>(p.x + size_t(src) * p.K + k));
+  uint8_t* block = staged + (size_t(c) * groups + row / 8) * (KB * 16) + 16 * (row % 8) + 4 * t;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 0) * 128) = v.x;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 1) * 128) = v.y;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 2) * 128) = v.z;
+  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 3) * 128) = v.w;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------- GEMM
-// grid (token tiles, K splits, 128-row blocks), as mma_gemm's linear form.
-template <class F, int MT>
+// grid (token tiles, or table blocks when GROUPED, K splits, 128-row blocks), as mma_gemm's.
+template <class F, int MT, bool GROUPED = false>
 __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(const MmaParams p,
                                                                                    const uint8_t* staged) {
 #ifdef B12X_WGMMA_DEVICE
@@ -233,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 
   // Chunk c's copies into stage c % S: the token tile's staged x block (zero past the staged groups) and the warp's
   // weight tile.
-  const int groups = (p.M + 7) / 8;
+  const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
   const int live_bytes = min(XBYTES, max(0, (groups - mtile * MT) * KB * 16));
   auto issue = [&](int c) {
     if (c >= c_end) return;
@@ -321,15 +350,27 @@ template <class F, int MT>
 cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   constexpr int bytes = smem_bytes<F, MT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
-  const int groups = (p.M + 7) / 8;
+  const bool grouped = p.order != nullptr;
+  if constexpr (MT < 4) {
+    if (grouped) return cudaErrorInvalidValue;  // the grouped form is built for 32-128-token tiles only
+  }
+  const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
   const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
-  stage_x_kernel<F><<<unsigned((pieces + 255) / 256), 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
+  const unsigned stage_blocks = unsigned((pieces + 255) / 256);
+  if (grouped) {
+    stage_x_grouped_kernel<F><<<stage_blocks, 256, 0, stream>>>(p, staged, groups, 8 * MT);
+  } else {
+    stage_x_kernel<F><<<stage_blocks, 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = wgmma_gemm_kernel<F, MT>;
+  auto kernel = wgmma_gemm_kernel<F, MT, false>;
+  if constexpr (MT >= 4) {
+    if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const int mtiles = (p.M + 8 * MT - 1) / (8 * MT);
+  const int mtiles = grouped ? p.blocks : (p.M + 8 * MT - 1) / (8 * MT);  // grouped: one CTA per table block
   kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, bytes, stream>>>(p, staged);
   return cudaGetLastError();
 }
@@ -401,10 +442,10 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   return nullptr;
 }
 
-size_t wgmma_staged_bytes(int format, int M, int chunks) {
+size_t wgmma_staged_bytes(int format, int rows, int chunks) {
   using namespace wgmma;
   const int ck = with_config(format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
-  return size_t((M + 7) / 8) * 8 * chunks * ck * 2;
+  return size_t((rows + 7) / 8) * 8 * chunks * ck * 2;
 }
 
 int wgmma_blocks_per_sm(int format, int mt) {
@@ -416,7 +457,7 @@ int wgmma_blocks_per_sm(int format, int mt) {
 
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream) {
   using namespace wgmma;
-  if (wgmma_plan_error(plan) || call.M < 1 || !call.x || !staged || call.order) return cudaErrorInvalidValue;
+  if (wgmma_plan_error(plan) || call.M < 1 || !call.x || !staged) return cudaErrorInvalidValue;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -426,6 +467,11 @@ cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged
   static_cast<MmaCall&>(p) = call;
   p.n16 = (plan.N + 15) / 16;
   p.chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  if (call.order) {
+    p.block_expert = call.table;
+    p.block_start = call.table + call.blocks;
+    p.block_rows = call.table + 2 * size_t(call.blocks);
+  }
   return with_config(plan.format, plan.mt, cudaErrorInvalidValue,
                      [&](auto f, auto m) { return launch<decltype(f), decltype(m)::value>(p, staged, stream); });
 }

@@ -1,7 +1,9 @@
 """The Hopper (sm_90a) form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu): warpgroup MMAs
 over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.plan: MmaPlan) with token tiles up to
 128 tokens (wgmma's N), K split across CTAs with the same deterministic reduction. A call stages its activations in
-the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per shard.
+the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per shard. The grouped form
+(`launch` with a block table, token tiles of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (not yet run
+on a GPU).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "run", "slots", "staged_bytes", "token_tile"]
+__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "launch", "run", "slots", "staged_bytes",
+           "token_tile"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
@@ -49,22 +52,34 @@ def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None)
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt)))
 
 
-def staged_bytes(fmt: str, m: int, k: int) -> int:
-    """Scratch one call of m tokens stages its activations in (whole groups of 8 tokens × K padded to chunks)."""
+def staged_bytes(fmt: str, rows: int, k: int) -> int:
+    """Scratch a call stages its activations in: whole groups of 8 rows × K padded to chunks, bf16; rows = the
+    tokens, or for the grouped form the block table's blocks × 8·mt."""
     ck = chunk_k(fmt)
-    return -(-m // 8) * 8 * -(-k // ck) * ck * 2
+    return -(-rows // 8) * 8 * -(-k // ck) * ck * 2
+
+
+def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace,
+           staged: torch.Tensor, stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
+    """One call of a shard's `plan` (gemm.MmaShard.plan): m rows of x into y, as gemm.launch; `table`: the grouped
+    form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
+    import b12x_kernels
+
+    grouped = {}
+    if table:
+        order, blocks = table
+        grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
+    b12x_kernels.wgmma_gemm(
+        plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m, workspace.partials.data_ptr(),
+        workspace.tickets.data_ptr(), staged.data_ptr(), stream, **grouped,
+    )  # fmt: skip
 
 
 def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
         workspace: MmaWorkspace, staged: torch.Tensor, stream: int) -> None:  # fmt: skip
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N]; `staged`
     holds at least staged_bytes(format, M, K)."""
-    import b12x_kernels
-
     m = x2.shape[0]
     for s in shards:
-        b12x_kernels.wgmma_gemm(
-            s.plan(config, y.shape[1]), x2.data_ptr(), device_ptr(None if bias is None else bias[s.row :]),
-            y[:, s.row :].data_ptr(), m, workspace.partials.data_ptr(), workspace.tickets.data_ptr(),
-            staged.data_ptr(), stream,
-        )  # fmt: skip
+        launch(s.plan(config, y.shape[1]), x2, y[:, s.row :], m, workspace, staged, stream,
+               None if bias is None else bias[s.row :])  # fmt: skip
