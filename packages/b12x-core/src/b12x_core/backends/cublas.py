@@ -26,7 +26,7 @@ from .base import Backend, cuda_reason
 
 FP8_ROWS = 16  # cuBLASLt's fp8 layouts want the row count of A padded to a multiple of 16
 CUBLAS_SCALE_ALIGN = 4  # block-scale rows (K/128) cuBLASLt's block-scaled GEMM takes unpadded
-DECODE_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
+DECODE_MODES = operands.BF16_EXACT_MODES
 # Conservative defaults (a GPU without measurements): cuBLASLt's fp8 GEMMs past the GEMV's 16 tokens (the H200's
 # fp8 _scaled_mm took over from 12 tokens when measured); decode + GEMM only where its extra pass over the weight
 # is small next to the GEMM.

@@ -17,6 +17,7 @@ import torch
 from .. import workspace
 
 FP8_MODES = ("fp8_static", "fp8_token", "fp8_group128")
+BF16_EXACT_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")  # the modes bf16_operands serves
 
 
 def _groups(k: int) -> int:

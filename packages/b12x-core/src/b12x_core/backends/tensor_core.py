@@ -20,7 +20,7 @@ from ..tensor_core import gemm, geometry, layout
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
-MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")
+MODES = operands.BF16_EXACT_MODES
 
 
 class TensorCoreGemm(Backend):

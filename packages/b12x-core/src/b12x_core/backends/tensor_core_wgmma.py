@@ -15,7 +15,7 @@ from ..tensor_core import gemm, geometry, wgmma
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
-MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")  # values bf16 holds exactly (operands.bf16_operands)
+MODES = operands.BF16_EXACT_MODES
 
 
 class TensorCoreWgmma(Backend):
