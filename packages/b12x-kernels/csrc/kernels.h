@@ -61,14 +61,13 @@ const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);
 
 // The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1) and
-// call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs with the
-// decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats whose
-// decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of
-// wgmma_staged_bytes(format, rows, chunks) with rows = M (linear) or blocks · 8·mt (grouped): x in the B operand's
+// call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs with
+// the decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats
+// whose decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of rows × chunks ×
+// the format's chunk K bf16 values (rows = M rounded up to 8, or blocks · 8·mt when grouped): x in the B operand's
 // order, gathered per slot when grouped, written by a small kernel before the GEMM (two launches per call). On other
 // devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice.
 const char* wgmma_plan_error(const MmaPlan& plan);
-size_t wgmma_staged_bytes(int format, int rows, int chunks);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
 

@@ -130,9 +130,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0);
 
   // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same plan and call as mma_gemm, plus the
-  // scratch its activation staging writes (wgmma_staged_bytes).
+  // scratch its activation staging writes (kernels.h says its size; b12x_core.tensor_core.wgmma.staged_bytes).
   m.def("wgmma_blocks_per_sm", &b12x::wgmma_blocks_per_sm, py::arg("format"), py::arg("mt"));
-  m.def("wgmma_staged_bytes", &b12x::wgmma_staged_bytes, py::arg("format"), py::arg("rows"), py::arg("chunks"));
   m.def(
       "wgmma_gemm",
       [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,

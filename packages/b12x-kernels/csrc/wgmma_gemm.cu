@@ -442,12 +442,6 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   return nullptr;
 }
 
-size_t wgmma_staged_bytes(int format, int rows, int chunks) {
-  using namespace wgmma;
-  const int ck = with_config(format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
-  return size_t((rows + 7) / 8) * 8 * chunks * ck * 2;
-}
-
 int wgmma_blocks_per_sm(int format, int mt) {
   using namespace wgmma;
   int device = 0;

@@ -68,7 +68,7 @@ def _needs_build(name: str):
 #   mma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, stream, order=0, table=0, blocks=0)
 #       grouped (fused MoE) when `order` is set: the expert-sorted block table (csrc/kernels.h MmaCall)
 #   wgmma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, staged, stream)   the Hopper (sm_90a) form of
-#       mma_gemm (linear only); staged: scratch of wgmma_staged_bytes(format_id, m, chunks) bytes
+#       mma_gemm; staged: scratch for x in the MMA's operand order (csrc/kernels.h says its size)
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
 #   mma_blocks_per_sm(format_id, mt, rt): CTAs of the tensor-core GEMM one SM of the current device holds
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
@@ -76,7 +76,6 @@ gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
 mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
 wgmma_gemm = _C.wgmma_gemm if _C else _needs_build("wgmma_gemm")
-wgmma_staged_bytes = _C.wgmma_staged_bytes if _C else _needs_build("wgmma_staged_bytes")
 wgmma_blocks_per_sm = _C.wgmma_blocks_per_sm if _C else _needs_build("wgmma_blocks_per_sm")
 embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")
