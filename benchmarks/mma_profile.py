@@ -2,6 +2,8 @@
 
     ncu --clock-control none -k regex:mma_gemm --launch-skip-before-match 0 --section SpeedOfLight \
         --section WarpStateStats --section Occupancy python benchmarks/mma_profile.py [FMT:NxK:M:MT:SPLITS ...]
+
+MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 import torch
 from mma_linear import random_shard
 
-from b12x_core.tensor_core import gemm
+from b12x_core.tensor_core import gemm, geometry
 
 CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1:4", "IQ2_XS:8192x28672:1:1:4",
          "Q8_0:8192x28672:1:1:4", "NVFP4:57344x8192:32:4:1"]  # fmt: skip
@@ -19,7 +21,12 @@ CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1
 for case in sys.argv[1:] or CASES:
     fmt, shape, m, mt, splits = case.split(":")
     n, k = map(int, shape.split("x"))
-    m, config = int(m), gemm.MmaConfig(int(mt), int(splits))
+    m = int(m)
+    if mt == "auto":
+        chunks = -(-k // geometry.chunk_k(fmt))
+        config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"))
+    else:
+        config = gemm.MmaConfig(int(mt), int(splits))
     shard = random_shard(fmt, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
@@ -27,4 +34,4 @@ for case in sys.argv[1:] or CASES:
     for _ in range(2):
         gemm.run(x, [shard], y, None, config, ws, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    print(case, "done", flush=True)
+    print(case, config, "done", flush=True)

@@ -59,3 +59,18 @@ def test_from_json_draws_the_plot(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(saved_run()))
     md.main(["--from-json", str(tmp_path / "run.json"), "--png", str(tmp_path / "run.png")])
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_kernels_attributes_each_kernel_to_a_layer():
+    import decode_kernels as dk
+
+    head = {"step_us": 40.0, "kernels": {"embed": (1.0, 5.0), "lm_head": (1.0, 20.0)}}
+    row = {"step_us": 240.0, "kernels": {"embed": (1.0, 5.0), "lm_head": (1.0, 20.0), "gemm": (8.0, 120.0),
+                                         "norm": (4.0, 40.0)}}  # fmt: skip
+    kernels, total, graph = dk.per_layer(row, head, layers=4)
+    assert sorted(kernels) == [("gemm", 2.0, 30.0), ("norm", 1.0, 10.0)]
+    assert (total, graph) == (40.0, 50.0)  # 10 µs a layer between kernels
+    saved = {"model": "llama8b", "batch": 1, "layers": 4, "head": head, "formats": {"NVFP4": row}}
+    text = dk.table(saved)
+    assert "graph 50.0 µs/layer, kernels 40.0 µs/layer (3 launches), between them 10.0 µs" in text
+    assert text.index("`gemm`") < text.index("`norm`")  # the costliest first

@@ -19,14 +19,18 @@
 //   it with plain 16-byte cp.async, and the descriptor of step s starts at s·256 bytes with LBO = 128 (the distance
 //   between the K halves' core matrices) and SBO = KB·16 (between token groups).
 //
-// Pipeline (S stages, one cp.async group and one CTA barrier per K chunk; each thread waits for its own copies, the
-// barrier publishes everyone's):
-//   chunk c: wait for chunk c's copies; fence.proxy.async (they become visible to wgmma's async proxy); barrier;
-//            copy chunk c+S-2 into the stage chunk c-2 used (its wgmmas finished in both warpgroups before the
-//            barrier: each waited for all but its newest wgmma group in chunk c-1); decode chunk c's weights from
-//            its stage into A set c%2; issue its KB/16 wgmmas; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so
-//            A set (c+1)%2 may be written next).
-// So decoding chunk c overlaps chunk c-1's tensor-core work and S-2 chunks of copies are in flight.
+// Pipeline (S stages; each stage holds one K chunk: the token tile's x block and every warp's weight tile):
+//   Copies are bulk copies (cp.async.bulk, the TMA engine's 1-D form) completing on the stage's mbarrier: the x block
+//   of a chunk is contiguous in `staged` and a warp's weight tile is contiguous in the repack (1 KB of codes, then its
+//   16 rows' scale bytes), so lane 0 of each warp issues two or three copies and arrives on the stage's barrier
+//   with their byte count (warp 0 adds the x block). No thread computes per-16-byte addresses any more: that was
+//   most of the instructions the profile counted (schedulers 56% idle, issue-bound) at 128 tokens.
+//   chunk c: wait for stage c%S's barrier (its phase of chunk c); CTA barrier; copy chunk c+S-2 into the stage chunk
+//            c-2 used (its wgmmas finished in both warpgroups before the barrier: each waited for all but its newest
+//            wgmma group in chunk c-1); decode chunk c's weights from its stage into A set c%2; issue its KB/16
+//            wgmmas; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so A set (c+1)%2 may be written next).
+// So decoding chunk c overlaps chunk c-1's tensor-core work and S-2 chunks of copies are in flight. Weights are
+// streamed with an L2 evict-first policy and x with evict-last: every 128-row block of CTAs re-reads x.
 #include "mma_gemm.cuh"
 
 // The kernel bodies exist only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
@@ -76,6 +80,43 @@ __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// One arrival on the stage's barrier that also raises its expected transaction bytes by `bytes` (0: a plain arrival).
+__device__ __forceinline__ void bar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// L2 policies: evict_first for bytes read once (the weights), evict_last for bytes every row block re-reads (x).
+__device__ __forceinline__ uint64_t l2_policy_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global to this CTA's shared memory; completes on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
+}
 // Keeps the compiler from moving accumulator reads or writes across the wgmma fences (CUTLASS's
 // warpgroup_fence_operand).
 template <int N>
@@ -242,7 +283,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   constexpr int STEPS = KB / 16;  // k16 steps per chunk (E/4: each takes 4 elements of every lane)
   constexpr int GROUPS = E / 8;   // decode8 groups per chunk: two steps each
   constexpr int XBYTES = x_stage_bytes<F, MT>(), SLOT = slot_bytes<F>();
-  constexpr int XPIECES = XBYTES / 16, PER_THREAD = (XPIECES + kThreads - 1) / kThreads;
   static_assert(STEPS == 2 * GROUPS, "two k16 steps per decode group");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
@@ -253,27 +293,44 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const bool live = tile_base < p.n16;         // uniform per warp; dead warps feed zeros (wgmma is collective)
   uint8_t* xring = smem;                       // S stages of x
   uint8_t* ring = smem + S * XBYTES + warp * S * SLOT;  // this warp's S weight slots
-  const uint32_t xring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xring));
+  const uint32_t xring_addr = smem_addr(xring);
 
   __shared__ int src_row[TOK], dst_row[TOK];
-  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
-  if (expert < 0) return;
-  const WeightStream<F, 1> weights(p, expert * p.n16 + tile_base, tile_base, lane);
-
-  // Chunk c's copies into stage c % S: the token tile's staged x block (zero past the staged groups) and the warp's
-  // weight tile.
-  const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
-  const int live_bytes = min(XBYTES, max(0, (groups - mtile * MT) * KB * 16));
-  auto issue = [&](int c) {
-    if (c >= c_end) return;
-    const uint8_t* src = staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16);
-    uint8_t* dst = xring + (unsigned(c) % S) * XBYTES;
+  __shared__ __align__(8) uint64_t full[S];  // stage s holds its chunk: every warp arrived, every byte landed
+  if (threadIdx.x == 0) {
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int off = 16 * (threadIdx.x + i * kThreads);
-      if (off < XBYTES) cp_async16(dst + off, off < live_bytes ? src + off : staged, off < live_bytes ? 16 : 0);
+    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
+  if (expert < 0) return;
+  const size_t tile_global = size_t(expert) * p.n16 + tile_base;
+
+  // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
+  // its scale bytes; nothing for a dead warp), warp 0 also the token tile's staged x block (only the staged groups:
+  // token columns past them are never stored, so whatever the stage held there is harmless), and arrives with the
+  // byte count.
+  const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
+  const uint32_t x_bytes = uint32_t(min(XBYTES, max(0, (groups - mtile * MT) * KB * 16)));
+  const uint8_t* codes = p.codes + tile_global * p.chunks * 1024;
+  const uint8_t* meta = F::META ? p.meta + tile_global * p.chunks * 16 * F::META : nullptr;
+  const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
+  auto issue = [&](int c) {
+    if (c >= c_end || lane != 0) return;
+    const int stage = unsigned(c - c_begin) % S;
+    uint64_t* bar = &full[stage];
+    const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
+    const uint32_t bytes = w_bytes + (warp == 0 ? x_bytes : 0);
+    fence_proxy_async();  // the stage's earlier generic reads (weights, two chunks ago) before the async writes
+    bar_arrive_expect(bar, bytes);
+    if (warp == 0 && x_bytes)
+      bulk_copy(xring + stage * XBYTES, staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16), x_bytes, bar,
+                x_policy);
+    if (live) {
+      uint8_t* slot = ring + stage * SLOT;
+      bulk_copy(slot, codes + size_t(c) * 1024, 1024, bar, weights_policy);
+      if constexpr (F::META > 0) bulk_copy(slot + 1024, meta + size_t(c) * 16 * F::META, 16 * F::META, bar, weights_policy);
     }
-    weights.template copy<S>(p, ring, c, lane);
   };
 
   float acc[1][MT][4];
@@ -286,13 +343,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   using Sc = typename F::S;
   auto chunk = [&](int c, auto P) {
     constexpr int par = decltype(P)::value;
-    cp_async_wait<S - 3>();
-    fence_proxy_async();
+    const unsigned i = unsigned(c - c_begin), stage = i % S;
+    bar_wait(&full[stage], (i / S) & 1);
     __syncthreads();
     issue(c + S - 2);
-    cp_async_commit();
     if (live) {
-      const uint8_t* slot = ring + (unsigned(c) % S) * SLOT;
+      const uint8_t* slot = ring + stage * SLOT;
       const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
       const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
       const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
@@ -317,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     }
     fence_operands(d);
     wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
-    const uint32_t xs = xring_addr + (unsigned(c) % S) * XBYTES;
+    const uint32_t xs = xring_addr + stage * XBYTES;
     static_for<STEPS>([&](auto St) {
       constexpr int s = decltype(St)::value;
       mma_async<TOK>(d, a[par][s], smem_desc<KB * 16>(xs + s * 256));
@@ -327,20 +383,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     fence_operands(d);
   };
 
-  // cp.async groups, one committed per chunk: S-2 before the loop, then one in each chunk, so chunk i's group is
-  // complete once at most S-3 newer ones are pending.
 #pragma unroll
-  for (int s = 0; s < S - 2; ++s) {
-    issue(c_begin + s);
-    cp_async_commit();
-  }
+  for (int s = 0; s < S - 2; ++s) issue(c_begin + s);
   for (int c = c_begin; c < c_end; c += 2) {
     chunk(c, std::integral_constant<int, 0>{});
     if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
   }
   wg_wait<0>();
   fence_operands(d);
-  cp_async_wait<0>();
 
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 #endif  // B12X_WGMMA_DEVICE

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One device call after a tensor-core kernel change (issues 22 and 23): build sm_90 from the tree (and keep the wheel
+# in OUT/whl for later calls to carry in .whl/), the kernels' GPU tests, the wgmma-vs-mma.sync-vs-bf16 layer
+# benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
+# compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
+#   bash tools/kernel_profile.sh OUT
+# Steps are skipped by SKIP="tests bench ncu decode sanitize"; TESTS, BENCH, NCU_WGMMA, NCU_MMA, DECODE override
+# their arguments.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: tools/kernel_profile.sh OUT}"
+mkdir -p "$out"
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
+export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" CMAKE_BUILD_PARALLEL_LEVEL=16
+source tools/device_env.sh
+if [ -n "$B12X_WHEEL" ]; then
+  install_kernels > "$out/build.log" 2>&1
+else
+  python3 -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir -w "$out/whl" ./packages/b12x-kernels \
+    > "$out/build.log" 2>&1 && python3 -m pip install -q --no-deps --force-reinstall "$out"/whl/*.whl >> "$out/build.log" 2>&1
+fi
+say "build: exit $? $(tail -1 "$out/build.log")"
+export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+if ! skip tests; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 200 ${TESTS:-tests/kernels/test_wgmma_gemm.py} \
+    > "$out/tests.log" 2>&1
+  say "tests: exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$out/tests.log" | tail -15
+fi
+if ! skip bench; then
+  timeout 200 python3 benchmarks/wgmma_linear.py --out "$out/wgmma.json" --png "$out/wgmma.png" \
+    ${BENCH:---formats NVFP4,FP8 --ms 1,16,64,128,256,1024,4096 --replays 20} > "$out/bench.log" 2>&1
+  say "bench: exit $?"; tail -30 "$out/bench.log"
+fi
+if ! skip ncu; then
+  timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WGMMA:-NVFP4:28672x4096:1024:16:1} \
+    > "$out/ncu_wgmma.log" 2>&1
+  say "ncu wgmma: exit $?"
+  timeout 150 ncu --clock-control none -k regex:mma_gemm_kernel --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
+    python3 benchmarks/mma_profile.py ${NCU_MMA:-NVFP4:28672x4096:1:auto:auto NVFP4:4096x4096:1:auto:auto \
+    IQ2_XS:28672x4096:1:auto:auto FP8:4096x14336:1:auto:auto} > "$out/ncu_mma.log" 2>&1
+  say "ncu mma: exit $?"
+  grep -E "_kernel<|Duration|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|No Eligible|Grid Size|Waves Per SM|Warp Cycles Per Issued" \
+    "$out/ncu_wgmma.log" "$out/ncu_mma.log" | cut -c1-160
+fi
+if ! skip decode; then
+  timeout 150 python3 benchmarks/decode_kernels.py --out "$out/decode_kernels.json" ${DECODE:-} \
+    > "$out/decode_kernels.md" 2>&1
+  say "decode kernels: exit $?"; grep -E "^###" "$out/decode_kernels.md"
+fi
+if ! skip sanitize; then
+  for tool in memcheck synccheck; do
+    timeout 120 compute-sanitizer --tool $tool python3 benchmarks/sanitize_mma.py > "$out/sanitize_$tool.log" 2>&1
+    say "sanitizer $tool: exit $? $(tail -2 "$out/sanitize_$tool.log" | tr '\n' ' ')"
+  done
+fi
+say "done"
