@@ -51,10 +51,7 @@ def measure(arch, fmt: str, batch: int, steps: int, replays: int) -> dict:
     ids = torch.randint(model.embed.num_embeddings, (batch,), device="cuda")
     with torch.no_grad():
         step = time_graph(lambda i: model(ids), 1, replays)
-    kernels = kernel_times(model, ids, steps)
-    del model
-    torch.cuda.empty_cache()
-    return {"step_us": step, "kernels": kernels}
+    return {"step_us": step, "kernels": kernel_times(model, ids, steps)}  # the model is freed on return
 
 
 def per_layer(row: dict, head: dict, layers: int) -> tuple[list[tuple[str, float, float]], float, float]:
@@ -104,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         saved["head"] = measure(replace(arch, layers=0), "bf16", args.batch, args.steps, args.replays)
         for fmt in args.formats.split(","):
             saved["formats"][fmt] = measure(arch, fmt, args.batch, args.steps, args.replays)
+            torch.cuda.empty_cache()
             Path(args.out).write_text(json.dumps(saved, indent=1))
         print(f"# measured in {time.monotonic() - started:.0f} s", flush=True)
     print(table(saved))

@@ -3,6 +3,10 @@ o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, be
 torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
 
     python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
+        [--model 70b|8b]
+
+--model 8b takes a Llama-3.1-8B layer's linears instead (qkv 6144×4096, o 4096×4096, gate_up 28672×4096, down
+4096×14336).
 
 Method (decode_linear.py's): one CUDA graph runs the layer on each of several weight copies (together more than
 4× L2, so weights come from HBM), replayed many times between CUDA events; per-layer time = median replay
@@ -27,6 +31,8 @@ from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
+LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+MODELS = {"70b": LLAMA70B, "8b": LLAMA8B}
 FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
 
@@ -71,29 +77,32 @@ def main() -> None:
     parser.add_argument("--formats", default=FORMATS)
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--model", default="70b", choices=sorted(MODELS))
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
     args.rts = [int(r) for r in args.rt.split(",")]
+    shapes = MODELS[args.model]
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
     ms = [int(m) for m in args.ms.split(",")]
-    layer_params = sum(n * k for _, n, k in LLAMA70B)
+    layer_params = sum(n * k for _, n, k in shapes)
     name = torch.cuda.get_device_name()
-    print(f"# {name}: copy {bw:.0f} GB/s, {sms} SMs; Llama-3.1-70B layer, {layer_params / 1e6:.0f} M weights")
+    layer = f"Llama-3.1-{args.model.upper()} layer"
+    print(f"# {name}: copy {bw:.0f} GB/s, {sms} SMs; {layer}, {layer_params / 1e6:.0f} M weights")
 
     def layer_copies(make, nbytes):
-        return [[make(n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes))]
+        return [[make(n, k) for _, n, k in shapes] for _ in range(copies_for(nbytes))]
 
     bf16 = layer_copies(lambda n, k: torch.randn(n, k, dtype=torch.bfloat16, device="cuda"), 2 * layer_params)
     fp8 = [[w.to(torch.float8_e4m3fn) for w in layer] for layer in bf16[: copies_for(layer_params)]]
     one = torch.ones((), device="cuda")
     rows, base = [], {}
     for m in ms:
-        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (8192, 28672)}
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
         xq = {k: torch.randn(max(16, -(-m // 16) * 16), k, device="cuda").to(torch.float8_e4m3fn) for k in xs}
         t_bf16 = time_graph(lambda i: [F.linear(xs[w.shape[1]], w) for w in bf16[i]], len(bf16), args.replays)
         t_fp8 = time_graph(
@@ -107,14 +116,12 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     for fmt in args.formats.split(","):
-        one_layer = [random_shard(fmt, n, k) for _, n, k in LLAMA70B]
+        one_layer = [random_shard(fmt, n, k) for _, n, k in shapes]
         nbytes = sum(shard_bytes(s) for s in one_layer)
-        layers = [one_layer] + [
-            [random_shard(fmt, n, k) for _, n, k in LLAMA70B] for _ in range(copies_for(nbytes) - 1)
-        ]
+        layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in shapes] for _ in range(copies_for(nbytes) - 1)]
         for m in ms:
-            xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (8192, 28672)}
-            ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA70B}
+            xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
+            ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
 
             def timed(configs):
                 wss = [

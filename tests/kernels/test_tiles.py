@@ -214,7 +214,8 @@ def test_activation_quantization_kernel_is_bit_exact(rng, mode, device):
 @pytest.mark.parametrize("mode", ["fp8_static", "fp8_token", "fp8_group128"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("k", [300, 2500])  # within one step of a per-token program, and several with a tail
-def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device, k):
+@pytest.mark.parametrize("m", [5, 70])  # fp8_token: rows split over K slices (few tokens), one program a row
+def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device, k, m):
     """The fused fp8 activation quantizer against b12x_core.activations.fp8_operands: codes and scales bit for
     bit (saturation, an all-zero token, K not a multiple of 128)."""
     if device == "cpu" and torch.cuda.is_available():
@@ -222,11 +223,12 @@ def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device, k):
     from b12x_core.activations import fp8_operands
     from b12x_kernels import act_quant
 
-    x = torch.from_numpy(rng.standard_normal((37, k)) * np.logspace(-4, 3, k)).to(torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((m, k)) * np.logspace(-4, 3, k)).to(torch.bfloat16)
     x[2] = 0
     static = float(np.float32(x.float().abs().max() / 448 / 3))  # a third of the values saturate
-    q = torch.full((37, k), 0x7F, dtype=torch.uint8, device=device)  # poisoned: e4m3 NaN
-    scale = {"fp8_static": None, "fp8_token": torch.empty(37), "fp8_group128": torch.empty(37, -(-k // 128))}[mode]
+    q = torch.full((m, k), 0x7F, dtype=torch.uint8, device=device)  # poisoned: e4m3 NaN
+    shape = {"fp8_static": None, "fp8_token": (m,), "fp8_group128": (m, -(-k // 128))}[mode]
+    scale = None if shape is None else torch.full(shape, float("nan"))  # poisoned
     scale = None if scale is None else scale.to(device)
     act_quant.quantize_fp8(x.to(device), mode, q, scale, static)
     codes, row, groups = fp8_operands(x, mode, static)

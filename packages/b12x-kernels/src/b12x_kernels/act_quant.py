@@ -19,6 +19,10 @@ from .format_facts import E4M3_MAX, FP8_BLOCK_SIZE, MX_GROUP, NVFP4_GROUP
 # columns per program left decode-sized calls on one SM walking K in 128 serial steps (the H200 measured
 # ~210 µs for an 8192-wide FP8 × fp8 per-token linear at M=1, every backend alike).
 TOKEN_BLOCK_K = 1024
+# Below this many tokens fp8_token also splits each row's codes over K / TOKEN_BLOCK_K programs (each re-reads the row
+# for its amax, a few KB from L2): one program per token left a one-token call on one SM dividing 4096-14336 values,
+# 9 µs per Llama-3.1-8B linear on the H200 (benchmarks/decode_kernels.py, 2026-12-02), more than the GEMV itself.
+TOKEN_SPLIT_BELOW = 64
 
 
 @triton.jit
@@ -106,7 +110,7 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, S
     (row- or column-major, as the consuming GEMM wants)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
-    if MODE == 1:
+    if MODE == 1:  # every program of a token walks its whole row for the amax, then codes its own K slice
         amax = tl.zeros((BLOCK_M,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -115,9 +119,14 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, S
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         s = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
         s = tl.where(s > 0, s, 1.0)
-        tl.store(scale_ptr + offs_m * SCALE_STRIDE_M, s, mask=m_ok)
-        k_first = 0
-        k_steps = K
+        if tl.program_id(1) == 0:
+            tl.store(scale_ptr + offs_m * SCALE_STRIDE_M, s, mask=m_ok)
+        if tl.num_programs(1) == 1:
+            k_first = 0
+            k_steps = K
+        else:
+            k_first = tl.program_id(1) * BLOCK_K
+            k_steps = BLOCK_K
     elif MODE == 2:
         k_first = tl.program_id(1) * BLOCK_K
         offs_k = k_first + tl.arange(0, BLOCK_K)
@@ -152,8 +161,9 @@ def quantize_fp8(x, mode: str, q_out, scale_out=None, static_scale: float = 1.0)
         raise ValueError(f"quantize_fp8: mode must be one of {list(modes)}, got {mode!r}")
     m, k = x.shape
     group = FP8_BLOCK_SIZE.value  # fp8_group128's groups; the static mode steps by it too
-    if mode == "fp8_token":  # a program per token: its amax needs the whole row, so the rows give the parallelism
-        block_m, block_k, grid = 1, TOKEN_BLOCK_K, (m, 1)
+    if mode == "fp8_token":  # programs per token: its amax needs the whole row; few tokens also split the codes
+        slices = triton.cdiv(k, TOKEN_BLOCK_K) if m < TOKEN_SPLIT_BELOW else 1
+        block_m, block_k, grid = 1, TOKEN_BLOCK_K, (m, slices)
     else:  # a program per 16 tokens × 128 columns
         block_m, block_k, grid = 16, group, (triton.cdiv(m, 16), triton.cdiv(k, group))
     values = q_out.element_size() == 2
