@@ -84,9 +84,11 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, fmt):
         close(y, x.double().cpu() @ w64.T)
 
 
-def test_fused_shards_write_their_columns(rng):
+@pytest.mark.parametrize("merge", [True, False], ids=["one launch", "a launch per shard"])
+def test_fused_shards_write_their_columns(rng, merge):
     qws = [bf.quantize(rng.standard_normal((n, 256)).astype(np.float32), "NVFP4") for n in (48, 80)]
-    shards = gemm.prepare(qws, "cuda")
+    shards = gemm.prepare(qws, "cuda", merge=merge)
+    assert len(shards) == (1 if merge else 2)
     w64 = torch.cat([torch.from_numpy(bf.dequantize(q)).double() for q in qws])
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
     y = _run(x, shards, 128, None, gemm.MmaConfig(1, 2))

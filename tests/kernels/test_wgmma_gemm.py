@@ -235,11 +235,12 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
 
 
 @pytest.mark.gpu
-def test_fused_shards_write_their_columns(rng, hopper):
+@pytest.mark.parametrize("merge", [True, False], ids=["one launch", "a launch per shard"])
+def test_fused_shards_write_their_columns(rng, hopper, merge):
     from b12x_core.tensor_core import gemm
 
     qws = [bf.quantize(rng.standard_normal((n, 256)).astype(np.float32), "NVFP4") for n in (48, 80)]
-    shards = gemm.prepare(qws, "cuda")
+    shards = gemm.prepare(qws, "cuda", merge=merge)
     w64 = torch.cat([torch.from_numpy(bf.dequantize(q)).double() for q in qws])
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
     for mt in (1, 4):

@@ -208,8 +208,9 @@ class DeviceWeights:
 
     @functools.cached_property
     def mma(self) -> list:
-        """The tensor-core GEMM's layout (tensor_core.gemm.MmaShard per row shard; per-tensor activation scales of the
-        modes that leave them out of the activations are in each shard's alpha)."""
+        """The tensor-core GEMM's layout (tensor_core.gemm.prepare: one MmaShard over every row shard where they
+        merge, else one per shard; per-tensor activation scales of the modes that leave them out of the activations
+        are in each shard's factors, alpha or row_scale)."""
         from .tensor_core import gemm
 
         return gemm.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))

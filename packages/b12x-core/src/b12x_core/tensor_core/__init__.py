@@ -5,8 +5,8 @@ b12x_core knows about it in one folder:
   the kernel's header is generated from) and the counts made of them (output tiles, split-K tickets, CTAs that run
   at once); every caller counts through these.
 - layout.py: the weight's repacked layout (lane-ordered 1 KB tiles), lossless `pack` / `unpack`.
-- gemm.py: row shards on the device (`prepare`), their kernel argument blocks (`MmaShard.plan`), the configuration
-  (token tile, K split) and the launch.
+- gemm.py: row shards on the device (`prepare`: merged into one where their layouts concatenate), their kernel
+  argument blocks (`MmaShard.plan`), the configuration (token tile, K split) and the launch.
 - experts.py: an MoE's experts stacked into one weight for the grouped form, with per-row factors.
 
 Its backends (backends/tensor_core.py, backends/tensor_core_moe.py) and decode + cuBLAS

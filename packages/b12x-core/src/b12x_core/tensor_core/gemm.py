@@ -1,7 +1,9 @@
 """The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) for a linear's row shards: weights repacked once by
-tensor_core.layout, each shard's kernel argument block (b12x_kernels.interface.MmaPlan) packed once per
-configuration, a call allocates only its output and launches one kernel per row shard (fused qkv / gate_up shards
-carry their own per-tensor scales). Its configuration (token tile, K splits) is an argument: the caller chooses.
+tensor_core.layout, the kernel argument block (b12x_kernels.interface.MmaPlan) packed once per configuration, a call
+allocates only its output and launches one kernel. Fused qkv / gate_up shards whose layouts concatenate
+(layout.merge_blocker) are one MmaShard over all rows, each shard's per-tensor factor carried per row
+(`row_scale`); the others launch one kernel per shard. Its configuration (token tile, K splits) is an argument: the
+caller chooses.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ class MmaShard:
     tables: torch.Tensor | None
     alpha: float
     scale_mul: float = 1.0
+    row_scale: torch.Tensor | None = None  # float32 [n]: each row's factor, times alpha (merged shards: alpha is 1)
     plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
 
     def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
              top_k: int = 0) -> bytes:  # fmt: skip
         """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaPlan): packed on
-        first use, then reused, so a call passes only its activations, output, token count and workspace."""
+        first use, then reused, so a call passes only its activations, output, token count and workspace.
+        `row_scale`: float32 per-row factors, by default the shard's own."""
+        row_scale = self.row_scale if row_scale is None else row_scale
         key = (config, ldy, epilogue, device_ptr(row_scale), top_k)
         if key not in self.plans:
             from b12x_kernels import interface
@@ -71,20 +76,32 @@ def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
-def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0) -> list[MmaShard]:
-    """Repack and upload each row shard; `act_factor` (a per-tensor activation scale the caller leaves out of
-    the activations) joins every shard's alpha."""
-    out, row = [], 0
+def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, merge: bool = True) -> list[MmaShard]:
+    """Repack and upload a weight's row shards; `act_factor` (a per-tensor activation scale the caller leaves out of
+    the activations) joins every shard's factor. Shards whose layouts concatenate (layout.merge_blocker) become one
+    MmaShard over all their rows, concatenated on the host before the upload, so a call launches one kernel: each
+    shard's factor (alpha) then multiplies its rows through `row_scale` (alpha 1; (v·1)·a is v·a exactly), or stays
+    alpha where every shard has the same. `merge=False`, or shards that cannot merge: one MmaShard per shard."""
+    packed = [layout.pack(qw) for qw in shards]
+    alphas = [mw.alpha * act_factor for mw in packed]
+    row_scale = None
+    if merge and len(packed) > 1 and layout.merge_blocker(packed) is None:
+        factors = np.repeat(np.asarray(alphas, dtype=np.float32), [mw.n for mw in packed])  # as the plan rounds alpha
+        packed = [layout.concat_rows(packed)]  # the shards' own arrays go with the list
+        if len(np.unique(factors)) == 1:
+            alphas = alphas[:1]
+        else:
+            alphas, row_scale = [1.0], _upload(factors, device)
     tables = None
-    for qw in shards:
-        mw = layout.pack(qw)
-        if tables is None and codec_for(mw.format).grid is not None:  # IQ2: the kernel reads its grid
-            tables = _upload(layout.iq2_tables(mw.format).view(np.int32), device)
+    if codec_for(packed[0].format).grid is not None:  # IQ2: the kernel reads its grid
+        tables = _upload(layout.iq2_tables(packed[0].format).view(np.int32), device)
+    out, row = [], 0
+    for mw, alpha in zip(packed, alphas, strict=True):
         out.append(
             MmaShard(
                 mw.format, format_id(mw.format), row, mw.n, mw.k, mw.chunks,
                 _upload(mw.codes, device), _upload(mw.meta, device), _upload(mw.meta2, device),
-                _upload(mw.block_scale, device), tables, mw.alpha * act_factor, mw.scale_mul,
+                _upload(mw.block_scale, device), tables, alpha, mw.scale_mul, row_scale,
             )
         )  # fmt: skip
         row += mw.n

@@ -223,6 +223,39 @@ def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:
     return out
 
 
+def merge_blocker(parts: list[MmaWeight]) -> str | None:
+    """Why row shards' layouts cannot be one layout over all their rows (concat_rows), or None when they can: one
+    format, K and chunk count, tiles that do not straddle shards (every shard but the last whole 16-row tiles),
+    FP8_BLOCK's 128-row scale blocks likewise, and one scale_mul (the kernel takes one per launch)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.format, p.k, p.chunks) != (first.format, first.k, first.chunks):
+            return f"shards differ in format or K: {first.format} K={first.k} vs {p.format} K={p.k}"
+    rows = kernel_facts.FP8_BLOCK_SIZE if first.format == "FP8_BLOCK" else TILE_ROWS
+    if any(p.n % rows for p in parts[:-1]):
+        return f"a shard other than the last has rows not a multiple of {rows}: {[p.n for p in parts]}"
+    if len({p.scale_mul for p in parts}) > 1:
+        return f"shards' block-scale ranges need different scale_mul: {[p.scale_mul for p in parts]}"
+    return None
+
+
+def concat_rows(parts: list[MmaWeight]) -> MmaWeight:
+    """Row shards' layouts as one layout of all their rows, in order (the layout is tile-major, so the arrays
+    concatenate); its alpha is 1: each shard's alpha is the caller's to apply per row. Raises ValueError where
+    merge_blocker names a reason."""
+    why = merge_blocker(parts)
+    if why:
+        raise ValueError(f"cannot concatenate these row shards' layouts: {why}")
+    first = parts[0]
+
+    def joined(name: str) -> np.ndarray | None:
+        arrays = [getattr(p, name) for p in parts]
+        return None if arrays[0] is None else np.concatenate(arrays)
+
+    return MmaWeight(first.format, sum(p.n for p in parts), first.k, first.chunks, joined("codes"), joined("meta"),
+                     joined("meta2"), joined("block_scale"), 1.0, first.scale_mul)  # fmt: skip
+
+
 def iq2_tables(fmt: str) -> np.ndarray:
     """uint32 [grid entries + 128]: each grid entry's 8 values as nibble codes (8 -> 0, 25 -> 1, 43 -> 2),
     then each 7-bit sign index's 8 signs as bit 2 of each nibble (the kernel ORs the two into PRMT selectors)."""

@@ -1,9 +1,9 @@
 """The Hopper (sm_90a) form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu): warpgroup MMAs
 over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.plan: MmaPlan) with token tiles up to
 128 tokens (wgmma's N), K split across CTAs with the same deterministic reduction. A call stages its activations in
-the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per shard. The grouped form
-(`launch` with a block table, token tiles of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (not yet run
-on a GPU).
+the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per MmaShard (a fused
+linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block table, token tiles
+of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (not yet run on a GPU).
 """
 
 from __future__ import annotations
