@@ -4,11 +4,13 @@
 # benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench ncu decode sanitize"; TESTS, BENCH, NCU_WGMMA, NCU_MMA, DECODE override
-# their arguments.
+# Steps are skipped by SKIP="tests bench sweep ncu decode model sanitize"; TESTS, BENCH, SWEEP, NCU_WGMMA, NCU_MMA,
+# DECODE, MODEL override their arguments. The device returns at most 8 files: everything but the wheel is packed into
+# OUT/results.tar.gz at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: tools/kernel_profile.sh OUT}"
+top="${1:?usage: tools/kernel_profile.sh OUT}"
+out="$top/work"
 mkdir -p "$out"
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -18,8 +20,8 @@ source tools/device_env.sh
 if [ -n "$B12X_WHEEL" ]; then
   install_kernels > "$out/build.log" 2>&1
 else
-  python3 -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir -w "$out/whl" ./packages/b12x-kernels \
-    > "$out/build.log" 2>&1 && python3 -m pip install -q --no-deps --force-reinstall "$out"/whl/*.whl >> "$out/build.log" 2>&1
+  python3 -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir -w "$top/whl" ./packages/b12x-kernels \
+    > "$out/build.log" 2>&1 && python3 -m pip install -q --no-deps --force-reinstall "$top"/whl/*.whl >> "$out/build.log" 2>&1
 fi
 say "build: exit $? $(tail -1 "$out/build.log")"
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,6 +34,11 @@ if ! skip bench; then
   timeout 200 python3 benchmarks/wgmma_linear.py --out "$out/wgmma.json" --png "$out/wgmma.png" \
     ${BENCH:---formats NVFP4,FP8 --ms 1,16,64,128,256,1024,4096 --replays 20} > "$out/bench.log" 2>&1
   say "bench: exit $?"; tail -30 "$out/bench.log"
+fi
+if ! skip sweep; then
+  timeout 240 python3 benchmarks/mma_linear.py --model 8b --sweep --rt 1 --out "$out/sweep.json" \
+    ${SWEEP:---formats NVFP4,IQ2_XS,FP8,Q8_0 --ms 1,4 --replays 20} > "$out/sweep.log" 2>&1
+  say "sweep: exit $?"; grep -E "^M=" "$out/sweep.log" | cut -c1-150
 fi
 if ! skip ncu; then
   timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 --section SpeedOfLight \
@@ -52,10 +59,16 @@ if ! skip decode; then
     > "$out/decode_kernels.md" 2>&1
   say "decode kernels: exit $?"; grep -E "^###" "$out/decode_kernels.md"
 fi
+if ! skip model; then
+  timeout 280 python3 benchmarks/model_decode.py --out "$out/model_decode.json" --png "$out/model_decode.png" \
+    ${MODEL:---budget-s 200} > "$out/model_decode.log" 2>&1
+  say "model decode: exit $?"; grep -E "tok/s" "$out/model_decode.log" | tail -30
+fi
 if ! skip sanitize; then
   for tool in memcheck synccheck; do
     timeout 120 compute-sanitizer --tool $tool python3 benchmarks/sanitize_mma.py > "$out/sanitize_$tool.log" 2>&1
     say "sanitizer $tool: exit $? $(tail -2 "$out/sanitize_$tool.log" | tr '\n' ' ')"
   done
 fi
+tar -czf "$top/results.tar.gz" -C "$out" . && rm -rf "$out"
 say "done"

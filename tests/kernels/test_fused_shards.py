@@ -148,12 +148,13 @@ def test_compatible_shards_are_one_shard_with_each_shards_factor_over_its_rows(r
         ("FP8", (32, 40, 16), None, "multiple of 16"),  # a tile would straddle the 2nd and 3rd shards
         ("IQ2_XS", (16, 8, 16), None, "multiple of 16"),
         ("FP8_BLOCK", (64, 64), None, "multiple of 128"),  # a 128-row scale block would straddle the shards
-        ("MXFP4", (32, 32), (1.0, 4096.0), "scale_mul"),  # block-scale ranges apart: one scale_mul cannot serve
+        # block-scale ranges so far apart that no one scale_mul keeps both shards' decodes exact
+        ("MXFP4", (32, 32), (2.0**-110, 2.0**20), "scale_mul"),
     ],
 )
 def test_shards_whose_layouts_cannot_concatenate_keep_a_launch_each(rng, fmt, rows, magnitudes, why, monkeypatch):
     parts = fused(rng, fmt, rows, magnitudes=magnitudes)
-    packed = [mma_layout.pack(p) for p in parts]
+    packed = mma_layout.share_scale_mul([mma_layout.pack(p) for p in parts])
     assert why in mma_layout.merge_blocker(packed)
     with pytest.raises(ValueError, match=why):
         mma_layout.concat_rows(packed)
@@ -166,6 +167,25 @@ def test_shards_whose_layouts_cannot_concatenate_keep_a_launch_each(rng, fmt, ro
     y = torch.zeros(m, n, dtype=torch.bfloat16)
     gemm.run(torch.zeros(m, k, dtype=torch.bfloat16), shards, y, None, config, None, 0)
     assert [c[1][2] for c in calls] == [y[:, s.row :].data_ptr() for s in shards]  # each its own columns
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4", "MXFP8"])
+def test_shards_with_block_scale_ranges_apart_share_one_scale_mul(rng, fmt):
+    """Shards whose largest block scales differ (their own scale_mul differ) still merge: every shard decodes
+    exactly under the smallest scale_mul, its products smaller by a power of two its row factor makes up."""
+    parts = fused(rng, fmt, DEFAULT_ROWS, magnitudes=(1.0, 4096.0, 2.0**-8))
+    separate = gemm.prepare(parts, CPU, merge=False)
+    assert len({s.scale_mul for s in separate}) > 1
+    (merged,) = gemm.prepare(parts, CPU)
+    assert merged.scale_mul == min(s.scale_mul for s in separate)
+    want = np.concatenate([np.full(s.n, np.float32(s.alpha * (s.scale_mul / merged.scale_mul))) for s in separate])
+    np.testing.assert_array_equal(row_factors(merged), want)
+    # what the kernel multiplies by, times each row's factor: the shards' own, bit for bit
+    packed = [mma_layout.pack(p) for p in parts]
+    whole = mma_layout.concat_rows(mma_layout.share_scale_mul(packed))
+    got = effective_weight(whole, None) * row_factors(merged)[:, None].astype(np.float64)
+    own = np.concatenate([effective_weight(p, None) * np.float64(np.float32(p.alpha)) for p in packed])
+    np.testing.assert_array_equal(got, own)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -209,8 +229,8 @@ GPU_K = 512
 GPU_MS = (1, 5, 37)
 
 
-def _gpu_case(rng, fmt, backend_class):
-    parts = fused(rng, fmt, GPU_ROWS, k=GPU_K)
+def _gpu_case(rng, fmt, backend_class, magnitudes=None):
+    parts = fused(rng, fmt, GPU_ROWS, k=GPU_K, magnitudes=magnitudes)
     n = sum(GPU_ROWS)
     device = DeviceInfo.of(torch.device("cuda"))
     q = Query("linear", fmt, "bf16", "bf16", device, n=n, k=GPU_K, max_tokens=max(GPU_MS), shard_rows=GPU_ROWS)
@@ -224,10 +244,14 @@ def _poisoned(m, n):
     return torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
 
+APART = (1.0, 4096.0, 2.0**-8)  # block-scale ranges apart: the shards merge under one shared scale_mul
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["FP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XS"])
-def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, monkeypatch):
-    p, merged, separate = _gpu_case(rng, fmt, TensorCoreGemm)
+@pytest.mark.parametrize("fmt,magnitudes", [("FP8", None), ("NVFP4", None), ("MXFP4", None), ("Q8_0", None),
+                                            ("IQ2_XS", None), ("MXFP4", APART), ("MXFP8", APART)])  # fmt: skip
+def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
+    p, merged, separate = _gpu_case(rng, fmt, TensorCoreGemm, magnitudes)
     n = sum(GPU_ROWS)
     stream = torch.cuda.current_stream().cuda_stream
     for m in GPU_MS:
@@ -251,11 +275,12 @@ def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["FP8", "NVFP4", "MXFP4", "Q8_0"])
-def test_gpu_wgmma_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, monkeypatch):
+@pytest.mark.parametrize("fmt,magnitudes", [("FP8", None), ("NVFP4", None), ("MXFP4", None), ("Q8_0", None),
+                                            ("MXFP4", APART)])  # fmt: skip
+def test_gpu_wgmma_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma_gemm runs on sm_90 (Hopper) only")
-    p, merged, separate = _gpu_case(rng, fmt, TensorCoreWgmma)
+    p, merged, separate = _gpu_case(rng, fmt, TensorCoreWgmma, magnitudes)
     n = sum(GPU_ROWS)
     stream = torch.cuda.current_stream().cuda_stream
     for m in GPU_MS:

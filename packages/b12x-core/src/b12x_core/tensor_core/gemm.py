@@ -83,6 +83,8 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, m
     shard's factor (alpha) then multiplies its rows through `row_scale` (alpha 1; (v·1)·a is v·a exactly), or stays
     alpha where every shard has the same. `merge=False`, or shards that cannot merge: one MmaShard per shard."""
     packed = [layout.pack(qw) for qw in shards]
+    if merge and len(packed) > 1:
+        packed = layout.share_scale_mul(packed)  # one scale_mul where the decodes stay exact: the shards can merge
     alphas = [mw.alpha * act_factor for mw in packed]
     row_scale = None
     if merge and len(packed) > 1 and layout.merge_blocker(packed) is None:

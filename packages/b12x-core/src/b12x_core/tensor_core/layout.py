@@ -13,6 +13,7 @@ with one small load.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class MmaWeight:
     block_scale: np.ndarray | None  # FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
     alpha: float  # factor of the result: the per-tensor scale, times 1/scale_mul's share (see _decode_range)
     scale_mul: float = 1.0  # power of two the kernel multiplies block scales by (bit-pattern decodes)
+    exact_down_to: float = 0.0  # the smallest scale_mul under which every decoded product stays exact (share_scale_mul)
 
 
 def _pad(a: np.ndarray, rows: int, cols: int, value: int = 0) -> np.ndarray:
@@ -172,7 +174,7 @@ def pack(qw: bf.QuantizedWeight) -> MmaWeight:
             alpha = _per_tensor(t, "weight_scale_2")
     scale_mul, alpha_shift = _decode_range(spec.name, t)
     return MmaWeight(spec.name, n, k, chunks, _tiles(codes, chunks), meta, meta2, block_scale, alpha * alpha_shift,
-                     scale_mul)  # fmt: skip
+                     scale_mul, _exact_down_to(spec.name, t))  # fmt: skip
 
 
 # The kernel decodes E4M3 codes to bf16 bit patterns worth value·2^-120 and E2M1 codes to value·2^-126, then
@@ -195,6 +197,43 @@ def _decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
         top = int(np.ceil(np.log2(max(float(scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32).max()), 2**-9))))
     e = max(0, top + 2)
     return 2.0 ** (bias - e), 2.0**e
+
+
+# The smallest nonzero magnitude a code decodes to: E2M1 0.5, E4M3 2^-9 (its smallest subnormal).
+_SMALLEST_CODE = {"MXFP8": 2.0**-9, "MXFP4": 0.5, "NVFP4": 0.5, "W4A16_NVFP4": 0.5}
+
+
+def _exact_down_to(fmt: str, tensors: dict) -> float:
+    """The smallest scale_mul under which the kernel's decode stays exact for this weight: each nonzero product
+    value · block scale · scale_mul · 2^-bias must be a normal bf16 (≥ 2^-126; E2M1 · E8M0 / E4M3 and E4M3 · E8M0
+    products then hold their few significant bits exactly). Zero block scales (NVFP4) zero their block whatever
+    the multiplier. Formats without a block-scale range (scale_mul fixed by the format): their own scale_mul."""
+    smallest = _SMALLEST_CODE.get(fmt)
+    if smallest is None:
+        return _decode_range(fmt, tensors)[0]
+    codes = np.ascontiguousarray(tensors["weight_scale"]).view(np.uint8)
+    if bf.spec(fmt).block_scale_code == "e8m0":
+        least = 2.0 ** (int(codes.min()) - 127)
+    else:
+        values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        nonzero = np.abs(values[values != 0])
+        if not nonzero.size:
+            return 0.0
+        least = float(nonzero.min())
+    return 2.0 ** (_BIT_PATTERN_BIAS[fmt] - 126) / (smallest * least)
+
+
+def share_scale_mul(parts: list[MmaWeight]) -> list[MmaWeight]:
+    """Row shards of one format whose scale_mul differ (their largest block scales differ), rebased onto the
+    smallest of them where every shard's decode stays exact under it (exact_down_to): each shard's alpha grows by the
+    same power of two its products shrink by, so its results are the same bits. Otherwise the parts unchanged."""
+    muls = {p.scale_mul for p in parts}
+    if len(muls) < 2 or len({p.format for p in parts}) > 1:
+        return parts
+    target = min(muls)
+    if any(target < p.exact_down_to for p in parts):
+        return parts
+    return [dataclasses.replace(p, scale_mul=target, alpha=p.alpha * (p.scale_mul / target)) for p in parts]
 
 
 def unpack(mw: MmaWeight) -> dict[str, np.ndarray]:
@@ -253,7 +292,8 @@ def concat_rows(parts: list[MmaWeight]) -> MmaWeight:
         return None if arrays[0] is None else np.concatenate(arrays)
 
     return MmaWeight(first.format, sum(p.n for p in parts), first.k, first.chunks, joined("codes"), joined("meta"),
-                     joined("meta2"), joined("block_scale"), 1.0, first.scale_mul)  # fmt: skip
+                     joined("meta2"), joined("block_scale"), 1.0, first.scale_mul,
+                     max(p.exact_down_to for p in parts))  # fmt: skip
 
 
 def iq2_tables(fmt: str) -> np.ndarray:
