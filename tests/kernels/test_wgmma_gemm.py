@@ -25,7 +25,7 @@ from b12x_formats.kernel_facts import format_id
 
 FORMATS = ["FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0"]
 MS = [1, 7, 37, 129, 200]
-MTS = [1, 2, 4, 8, 16, 32]
+MTS = [1, 2, 4, 8, 16]
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -38,7 +38,7 @@ MTS = [1, 2, 4, 8, 16, 32]
         (dict(format=format_id("IQ2_XS")), {}, "format must be"),
         (dict(format=99), {}, "format must be"),
         (dict(mt=3), {}, "mt must be"),
-        (dict(mt=64), {}, "mt must be"),
+        (dict(mt=32), {}, "mt must be"),
         (dict(rt=2), {}, "rt must be 1"),
         (dict(splits=0), {}, "splits must be"),
         (dict(splits=2), {}, "splits must be"),  # one chunk
@@ -56,7 +56,6 @@ MTS = [1, 2, 4, 8, 16, 32]
         ({}, dict(staged=0), "staged scratch"),
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(mt=2), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
-        (dict(mt=32), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
         ("short", {}, "interface.h differ"),
     ],
 )

@@ -60,7 +60,7 @@ int mma_blocks_per_sm(int format, int mt, int rt);
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);
 
-// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8, 16 or 32; rt 1) and
+// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1) and
 // call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs with
 // the decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats
 // whose decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of rows × chunks ×

@@ -47,9 +47,7 @@ constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps == 8, "two warpgroups of four warps");
 
 // CTAs per SM: two up to 64 tokens (16 warps an SM to hide the decode's latencies; 128 registers a thread and at
-// most 110 KB of shared memory each), one at 128 and 256 tokens (their accumulators alone take 64 / 128 registers;
-// 256 tokens make each wgmma twice as long, so the two warpgroups' accumulator chains keep the tensor cores busier,
-// and every decoded weight feeds twice the tokens).
+// most 110 KB of shared memory each), one at 128 tokens (its accumulators alone take 64 registers).
 template <int MT>
 constexpr int min_blocks() {
   return MT <= 8 ? 2 : 1;
@@ -214,40 +212,6 @@ __device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-      : "memory");
-}
-template <>
-__device__ __forceinline__ void mma_async<256>(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
       : "memory");
 }
@@ -437,7 +401,7 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   constexpr int bytes = smem_bytes<F, MT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   const bool grouped = p.order != nullptr;
-  if constexpr (MT < 4 || MT > 16) {
+  if constexpr (MT < 4) {
     if (grouped) return cudaErrorInvalidValue;  // the grouped form is built for 32-128-token tiles only
   }
   const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
@@ -451,7 +415,7 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   auto kernel = wgmma_gemm_kernel<F, MT, false>;
-  if constexpr (MT >= 4 && MT <= 16) {
+  if constexpr (MT >= 4) {
     if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -482,7 +446,6 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
       case 4: return fn(f, std::integral_constant<int, 4>{});
       case 8: return fn(f, std::integral_constant<int, 8>{});
       case 16: return fn(f, std::integral_constant<int, 16>{});
-      case 32: return fn(f, std::integral_constant<int, 32>{});
       default: return fallback;
     }
   };
@@ -517,8 +480,7 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   if (!ck) return "wgmma_gemm: format must be FP8, MXFP8, NVFP4, MXFP4 or Q8_0 (no per-chunk fp32 scale)";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
-  if (!with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
-    return "wgmma_gemm: mt must be 1, 2, 4, 8, 16 or 32";
+  if (!with_config(p.format, p.mt, 0, [](auto, auto) { return 1; })) return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
   if (p.rt != 1) return "wgmma_gemm: rt must be 1 (a warp decodes one row tile)";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";

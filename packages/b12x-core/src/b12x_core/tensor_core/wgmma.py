@@ -20,19 +20,18 @@ __all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "launch", "
            "token_tile"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
-CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1, 32: 1}  # CTAs per SM by token tile (its launch bounds)
+CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
 # The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer):
 # a tile covering M up to 16 tokens; then a tile of half to a quarter of M, whose more CTAs (and K splits) fill the
 # 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens from 512 on.
 TILE_UPTO = ((8, 1), (16, 2), (64, 4), (256, 8))
-BEYOND = 16  # the tile above TILE_UPTO's last bound (256-token tiles, mt=32, are built but not yet measured better)
 
 
 def token_tile(m: int) -> int:
-    """The token tile mt (8·mt tokens per CTA) for m tokens: TILE_UPTO's, else BEYOND."""
-    return next((mt for upto, mt in TILE_UPTO if m <= upto), BEYOND)
+    """The token tile mt (8·mt tokens per CTA) for m tokens: TILE_UPTO's, else the largest."""
+    return next((mt for upto, mt in TILE_UPTO if m <= upto), TOKEN_TILES[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
