@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--model", default="70b", choices=sorted(MODELS))
+    parser.add_argument("--occupancy-rule", action="store_true",
+                        help="at one-token tiles also time the K splits that fill the kernel's occupancy")  # fmt: skip
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
@@ -139,10 +141,15 @@ def main() -> None:
             results = []
             for rt in args.rts:
                 slots = gemm.slots(fmt, mt, "cuda", rt)
-                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms) for s in one_layer]
                 results.append((timed(defaults), f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)))
+                if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
+                    filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                    results.append(
+                        (timed(filled), f"occupancy rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in filled))
+                    )
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda")) for s in one_layer]
+                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda"), sms=sms) for s in one_layer]
                 for li, s in enumerate(one_layer):
                     cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
                              for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks for rt in args.rts]  # fmt: skip

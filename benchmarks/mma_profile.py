@@ -24,7 +24,8 @@ for case in sys.argv[1:] or CASES:
     m = int(m)
     if mt == "auto":
         chunks = -(-k // geometry.chunk_k(fmt))
-        config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"), sms=sms)
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
     shard = random_shard(fmt, n, k)

@@ -86,7 +86,7 @@ def main() -> None:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
             slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
-            configs = [gemm.default_config(m, s.n, s.chunks, slots) for s in one_layer]
+            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
             wss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs,
                                                                                          strict=True)]  # fmt: skip
 

@@ -216,6 +216,24 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
             assert TensorCoreGemm.tickets(q, ranges) >= -(-hi // config["tokens"]) * -(-n // 128)
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
+def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
+    """At one-token tiles the K split stops at about two CTAs an SM (a latency-bound stream per CTA: more splits
+    only add partials), but still covers every SM when the weight has the chunks for it."""
+    from b12x_core.backends.tensor_core import TensorCoreGemm
+    from b12x_core.tensor_core import geometry
+
+    n, k = int(rng.integers(1, 480)) * 128, int(rng.integers(4, 64)) * 256
+    q = query(fmt, "bf16", H200, max_tokens=8, n=n, k=k)
+    ((_, _, config),) = TensorCoreGemm.configs(q, 1, 8)
+    ctas = -(-n // 128) * config["splits"]
+    chunks = -(-k // geometry.chunk_k(fmt))
+    assert config["tokens"] == 8
+    assert ctas <= 2 * H200.sms or config["splits"] == 1
+    if config["splits"] < min(16, chunks // 4):  # room for another split: it would not have fit one wave of two
+        assert -(-n // 128) * (config["splits"] + 1) > 2 * H200.sms
+
+
 def moe_query(fmt, device, max_tokens=4096, experts=128, hidden=2048, inter=768):
     from b12x_core.backends import MoEShape
 

@@ -207,6 +207,8 @@ def test_merged_layout_decodes_to_its_shards_weights_bit_for_bit(rng, fmt):
 def test_decode_gemm_on_a_merged_layout_equals_the_checkpoint_decode(rng, fmt):
     """decode + cuBLAS reading the shared layout decodes the merged shard (per-row factors from the checkpoint)."""
     pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the Triton interpreter runs without a GPU (the GPU tests hold decode + cuBLAS to the reference)")
     from b12x_kernels import tiles
 
     parts = fused(rng, fmt, ROWS.get(fmt, DEFAULT_ROWS))

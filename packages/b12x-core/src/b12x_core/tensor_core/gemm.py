@@ -110,11 +110,29 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, m
     return out
 
 
-def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1) -> MmaConfig:
-    """The token tile that covers M in the fewest tiles, and the K split that fills the GPU (even_split)."""
+# At one-token tiles (mt = 1) each CTA streams its weights latency-bound, so two CTAs an SM read as fast as the
+# kernel's full occupancy (3-4) does, and each further K split only adds partials to write and sum. Measured on the
+# H200 (Llama-3.1-8B linears at M = 1 and 4, every split timed, docs/performance.md 2026-12-02): the best splits
+# filled about two CTAs an SM, 10-20% faster than filling the occupancy (gate_up NVFP4: 1 split, not 7).
+STREAMING_CTAS_PER_SM = 2
+
+
+def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
+                   sms: int = 0) -> MmaConfig:  # fmt: skip
+    """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
+    per SM) in even waves (even_split), or at one-token tiles, given the SMs, one wave of STREAMING_CTAS_PER_SM
+    CTAs an SM (streaming_split)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
+    if mt == 1 and sms:
+        return MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
     return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits), rt)
+
+
+def streaming_split(tiles: int, chunks: int, sms: int, max_splits: int = 16) -> int:
+    """The most K splits whose CTAs (`tiles` output tiles × splits) still fit one wave of STREAMING_CTAS_PER_SM
+    CTAs an SM, each split keeping at least 4 chunks; 1 where the tiles alone fill it."""
+    return max(1, min(max_splits, chunks // 4, STREAMING_CTAS_PER_SM * sms // tiles))
 
 
 def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16) -> int:
