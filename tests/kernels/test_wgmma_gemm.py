@@ -262,9 +262,10 @@ def _grouped(form, plan, a, y, slots, workspace, table, mt, fmt, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0"])
 def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
-    """A fused MoE's two GEMMs over one block table (gate/up: the slots' input rows gathered, SiLU of the
-    interleaved gate / up rows; down: float32 slot rows per K split), each through both forms on the prepared
-    expert stacks of the tensor-core MoE backend: equal up to the summation order; split-K tickets left zero."""
+    """A fused MoE's two GEMMs over a block table (gate/up: the slots' input rows gathered, SiLU of the interleaved
+    gate / up rows; down: float32 slot rows per K split) on the prepared expert stacks of the tensor-core MoE
+    backend: the wgmma form with 32-, 64- and 128-token blocks equals the mma.sync form (32-token blocks, the
+    largest it has) slot by slot, up to the summation order; split-K tickets left zero."""
     from test_moe_tiles import alone, problem
 
     from b12x_core.backends.tensor_core_moe import TensorCoreMoE
@@ -276,23 +277,28 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     p = bc.prepare_moe(w13, w2, activation="silu", max_tokens=t, top_k=top_k, device="cuda")
     moe = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
     x, ids, slots, rows13 = x.cuda(), ids.cuda(), t * top_k, moe.w13.shard.n
-    for mt in (4, 8, 16):
+
+    def both_gemms(form, mt, s13, s2, act_in=None):
+        """(SiLU activations, down rows summed over the K splits) of one form under 8·mt-token blocks; the down
+        GEMM reads `act_in` when given (the reference's activations), else its own."""
         table = block_table(ids, e, 8 * mt)
-        for s13, s2 in ((1, 1), (2, 3)):
-            plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
-            plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
-            s2 = min(s2, moe.w2.shard.chunks)  # the plan splits K at most into its chunks: one float32 slab each
-            results = []
-            for form in ("mma", "wgmma"):
-                tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
-                partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
-                act = torch.full((slots, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-                _grouped(form, plan13, x, act, slots, gemm.MmaWorkspace(partial13, tickets), table, mt, fmt, h)
-                out = torch.full((s2, slots, h), float("nan"), dtype=torch.float32, device="cuda")
-                _grouped(form, plan2, act, None, slots, gemm.MmaWorkspace(out, tickets), table, mt, fmt, inter)
-                torch.cuda.synchronize()
-                assert not tickets.any(), "the split-K tickets are left zero"
-                results.append((act, out.sum(0).to(torch.bfloat16)))
-            (act_mma, down_mma), (act_wg, down_wg) = results
+        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
+        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
+        slabs = min(s2, moe.w2.shard.chunks)  # the plan splits K at most into its chunks: one float32 slab each
+        tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
+        partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
+        act = torch.full((slots, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _grouped(form, plan13, x, act, slots, gemm.MmaWorkspace(partial13, tickets), table, mt, fmt, h)
+        out = torch.full((slabs, slots, h), float("nan"), dtype=torch.float32, device="cuda")
+        down_in = act if act_in is None else act_in
+        _grouped(form, plan2, down_in, None, slots, gemm.MmaWorkspace(out, tickets), table, mt, fmt, inter)
+        torch.cuda.synchronize()
+        assert not tickets.any(), "the split-K tickets are left zero"
+        return act, out.sum(0).to(torch.bfloat16)
+
+    for s13, s2 in ((1, 1), (2, 3)):
+        act_mma, down_mma = both_gemms("mma", 4, s13, s2)
+        for mt in (4, 8, 16):
+            act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma)
             close(act_wg, act_mma)
             close(down_wg, down_mma)
