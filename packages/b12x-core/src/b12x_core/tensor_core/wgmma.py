@@ -3,7 +3,8 @@ over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.pl
 128 tokens (wgmma's N), K split across CTAs with the same deterministic reduction. A call stages its activations in
 the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per MmaShard (a fused
 linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block table, token tiles
-of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (not yet run on a GPU).
+of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (on the GPU it equals the mma.sync grouped form at 32-token
+blocks; its larger blocks have not been held to it there yet).
 """
 
 from __future__ import annotations
