@@ -249,31 +249,39 @@ def _poisoned(m, n):
 APART = (1.0, 4096.0, 2.0**-8)  # block-scale ranges apart: the shards merge under one shared scale_mul
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,magnitudes", [("FP8", None), ("NVFP4", None), ("MXFP4", None), ("Q8_0", None),
-                                            ("IQ2_XS", None), ("MXFP4", APART), ("MXFP8", APART)])  # fmt: skip
-def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
-    p, merged, separate = _gpu_case(rng, fmt, TensorCoreGemm, magnitudes)
+def _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch, backend_class, kernel, launch):
+    """The backend's call of a merged fused linear: one `kernel` launch, bit for bit the per-shard launches'
+    result (launch(x, shards, y, config, m) runs either list of shards through the backend's form)."""
+    p, merged, separate = _gpu_case(rng, fmt, backend_class, magnitudes)
     n = sum(GPU_ROWS)
-    stream = torch.cuda.current_stream().cuda_stream
     for m in GPU_MS:
         x = torch.from_numpy(rng.standard_normal((m, GPU_K)).astype(np.float32)).to("cuda", torch.bfloat16)
         row = p.for_tokens(m)
         config = gemm.MmaConfig(row.config["tokens"] // 8, row.config["splits"])
         want, whole = _poisoned(m, n), _poisoned(m, n)
         for shards, y in ((separate, want), (merged, whole)):
-            gemm.run(x, shards, y, None, config, gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda"),
-                     stream)  # fmt: skip
+            launch(x, shards, y, config, m)
         torch.cuda.synchronize()
         assert not torch.isnan(want).any()
         assert torch.equal(whole.view(torch.int16), want.view(torch.int16)), f"{fmt} M={m} {config}"
         workspace.poison(x.device)
         with monkeypatch.context() as patched:
-            calls = counting(patched, "mma_gemm", call_through=True)
+            calls = counting(patched, kernel, call_through=True)
             got = row.run(x, None)
         torch.cuda.synchronize()
         assert len(calls) == 1, f"{fmt} M={m}: {len(calls)} launches"
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{fmt} M={m} {config}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,magnitudes", [("FP8", None), ("NVFP4", None), ("MXFP4", None), ("Q8_0", None),
+                                            ("IQ2_XS", None), ("MXFP4", APART), ("MXFP8", APART)])  # fmt: skip
+def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
+    def launch(x, shards, y, config, m):
+        ws = gemm.MmaWorkspace.create(m, sum(GPU_ROWS), config.splits, config.mt, "cuda")
+        gemm.run(x, shards, y, None, config, ws, torch.cuda.current_stream().cuda_stream)
+
+    _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch, TensorCoreGemm, "mma_gemm", launch)
 
 
 @pytest.mark.gpu
@@ -282,25 +290,10 @@ def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt
 def test_gpu_wgmma_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma_gemm runs on sm_90 (Hopper) only")
-    p, merged, separate = _gpu_case(rng, fmt, TensorCoreWgmma, magnitudes)
-    n = sum(GPU_ROWS)
-    stream = torch.cuda.current_stream().cuda_stream
-    for m in GPU_MS:
-        x = torch.from_numpy(rng.standard_normal((m, GPU_K)).astype(np.float32)).to("cuda", torch.bfloat16)
-        row = p.for_tokens(m)
-        config = gemm.MmaConfig(row.config["tokens"] // 8, row.config["splits"])
-        want, whole = _poisoned(m, n), _poisoned(m, n)
+
+    def launch(x, shards, y, config, m):
+        ws = gemm.MmaWorkspace.create(m, sum(GPU_ROWS), config.splits, config.mt, "cuda")
         staged = torch.empty(wgmma.staged_bytes(fmt, m, GPU_K), dtype=torch.uint8, device="cuda")
-        for shards, y in ((separate, want), (merged, whole)):
-            ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
-            wgmma.run(x, shards, y, None, config, ws, staged, stream)
-        torch.cuda.synchronize()
-        assert not torch.isnan(want).any()
-        assert torch.equal(whole.view(torch.int16), want.view(torch.int16)), f"{fmt} M={m} {config}"
-        workspace.poison(x.device)
-        with monkeypatch.context() as patched:
-            calls = counting(patched, "wgmma_gemm", call_through=True)
-            got = row.run(x, None)
-        torch.cuda.synchronize()
-        assert len(calls) == 1, f"{fmt} M={m}: {len(calls)} launches"
-        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{fmt} M={m} {config}"
+        wgmma.run(x, shards, y, None, config, ws, staged, torch.cuda.current_stream().cuda_stream)
+
+    _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch, TensorCoreWgmma, "wgmma_gemm", launch)
