@@ -10,7 +10,8 @@ copies (together more than 4× L2, so weights come from HBM), replayed between C
 replay time / copies. Weights are random valid codes written straight into the kernels' layout (mma_linear's
 random_shard, with the decode's power-of-two range set so values are ordinary). The wgmma kernel is timed at every
 token tile mt that suits M (8·mt tokens per CTA, all four linears alike, each linear at the K split that fills the GPU
-for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; the mma.sync kernel at
+for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; from 32 tokens on, so is
+its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it); the mma.sync kernel at
 the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
 """
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--formats", default=FORMATS)
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--replays", type=int, default=40)
+    parser.add_argument("--no-ws", dest="ws", action="store_false", help="skip the warp-specialized form (rt = 2)")
     parser.add_argument("--out", default="wgmma_linear.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--from-json", default=None, help="plot a saved run (no GPU)")
@@ -120,6 +122,27 @@ def main() -> None:
                     wgmma.run(xs[s.k], [s], y, None, wconfigs[mt][j], wwss[mt][j], staged, stream)
                     err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
                     check = max(check, err if err == err else float("inf"))  # NaN: never written, or wrong
+            # the warp-specialized form (rt = 2): token tiles of 64-256 that M fills at least half of, one CTA an SM
+            ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if m >= 32 and args.ws else []
+            ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt) for s in one_layer] for mt in ws_tiles}
+            ws_wss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
+                                                                                                   strict=True)]
+                      for mt, cs in ws_configs.items()}  # fmt: skip
+
+            def ws_layer(i, mt, xs=xs, ys=ys, staged=staged):
+                stream = torch.cuda.current_stream().cuda_stream
+                for s, c, ws in zip(layers[i], ws_configs[mt], ws_wss[mt], strict=True):
+                    wgmma.run(xs[s.k], [s], ys[s.n], None, c, ws, staged, stream)
+
+            ws_check = 0.0
+            for j, (s, c, ws) in enumerate(zip(one_layer, configs, wss, strict=True)):
+                ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
+                gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
+                for mt in ws_tiles:
+                    y = torch.full_like(ref, float("nan"))
+                    wgmma.run(xs[s.k], [s], y, None, ws_configs[mt][j], ws_wss[mt][j], staged, stream)
+                    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+                    ws_check = max(ws_check, err if err == err else float("inf"))
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3))
@@ -135,6 +158,17 @@ def main() -> None:
                   f"[{wlabel}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}", flush=True)  # fmt: skip
+            if ws_tiles:
+                per_ws = {mt: time_graph(lambda i, mt=mt: ws_layer(i, mt), len(layers), args.replays)
+                          for mt in ws_tiles}  # fmt: skip
+                best_ws = min(per_ws, key=per_ws.get)
+                t_ws = per_ws[best_ws]
+                ws_label = f"mt={best_ws} " + " ".join(str(c.splits) for c in ws_configs[best_ws])
+                rows.append(dict(m=m, format=fmt, kernel="wgmma_ws", config=ws_label, us=t_ws, gbs=nbytes / t_ws / 1e3,
+                                 per_nt_us=per_ws, check=ws_check))  # fmt: skip
+                print(f"M={m:<4} {fmt:<6} wgmma_ws {t_ws:8.1f} µs [{ws_label}] {t_w / t_ws:5.2f}x wgmma "
+                      f"{base[m] / t_ws:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_ws.items())
+                      + f" | check {ws_check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
@@ -164,9 +198,10 @@ def plot(rows: list, device: str, path: str) -> None:
     base = {r["m"]: r["us"] for r in rows if r["kernel"] == "F.linear"}
     fig, ax = plt.subplots(figsize=(7, 4))
     for fmt in dict.fromkeys(r["format"] for r in rows if r["kernel"] != "F.linear"):
-        for kernel, style in (("mma", "--"), ("wgmma", "-")):
+        for kernel, style in (("mma", "--"), ("wgmma", "-"), ("wgmma_ws", ":")):
             pts = sorted((r["m"], base[r["m"]] / r["us"]) for r in rows if r["format"] == fmt and r["kernel"] == kernel)
-            ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{fmt} {kernel}")
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{fmt} {kernel}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.95, color="red", lw=0.8, ls=":", label="issue 22 goal (0.95×)")
     ax.set_xscale("log", base=2)

@@ -4,7 +4,7 @@ and the tensor_core_wgmma backend).
 On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
 run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; no backend uses it yet) is held to the
 mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
-under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
+under every token tile (and the warp-specialized form, rt = 2, at its 64-256-token tiles), K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
 to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset).
@@ -26,6 +26,7 @@ from b12x_formats.kernel_facts import format_id
 FORMATS = ["FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0"]
 MS = [1, 7, 37, 129, 200]
 MTS = [1, 2, 4, 8, 16]
+WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -39,7 +40,10 @@ MTS = [1, 2, 4, 8, 16]
         (dict(format=99), {}, "format must be"),
         (dict(mt=3), {}, "mt must be"),
         (dict(mt=32), {}, "mt must be"),
-        (dict(rt=2), {}, "rt must be 1"),
+        (dict(rt=3), {}, "rt must be 1"),
+        (dict(rt=2, mt=4), {}, "with rt 2, mt must be 8, 16 or 32"),
+        (dict(rt=2, mt=8, format=format_id("IQ2_XS")), {}, "format must be"),
+        (dict(rt=2, mt=8), dict(order=16, table=16, blocks=1), "grouped form runs rt 1"),
         (dict(splits=0), {}, "splits must be"),
         (dict(splits=2), {}, "splits must be"),  # one chunk
         (dict(K=100), {}, "K % 8"),
@@ -81,6 +85,12 @@ def test_token_tiles_and_staging_sizes():
 
     assert [wgmma.token_tile(m) for m in (1, 8, 9, 16, 17, 64, 65, 256, 257, 4096)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
+    assert wgmma.WS_TOKEN_TILES == tuple(WS_MTS)
+    for mt in WS_MTS:  # one CTA an SM: K split to fill 132 SMs with 4096 rows (32 row blocks) at 64 tokens
+        config = wgmma.ws_config(64, 4096, 64, 132, mt)
+        assert config.rt == 2 and config.mt == mt and 1 <= config.splits <= 16
+    with pytest.raises(ValueError, match="token tile"):
+        wgmma.ws_config(64, 4096, 64, 132, 4)
     for fmt in FORMATS:
         ck = geometry.chunk_k(fmt)
         # whole groups of 8 tokens × K padded to whole chunks, bf16
@@ -192,6 +202,34 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+    """rt = 2: one warpgroup decodes into shared memory, two multiply (csrc/wgmma_ws_gemm.cu). M covers a partial
+    warpgroup (37: the second warpgroup's tokens past M at 64-token tiles), several token tiles (300) and whole ones;
+    N the same tails as above (a dead decoding warp, a partial tile); K whole and split."""
+    from b12x_core.tensor_core import gemm, geometry
+
+    for n, k in _shapes(fmt):
+        qw, shards = _case(rng, fmt, n, k)
+        cpu = bc.prepare_linear(qw, max_tokens=300)
+        bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+        chunks = shards[0].chunks
+        for m in (1, 37, 129, 300):
+            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+            xg = x.cuda()
+            for b in (None, bias):
+                ref = bc.linear(x, cpu, b)
+                bg = None if b is None else b.cuda()
+                mma = _run(xg, shards, n, bg, gemm.MmaConfig(geometry.token_tile(m), 1), wgmma_form=False)
+                for mt in WS_MTS:
+                    for splits in sorted({1, min(3, chunks)}):
+                        y = _run(xg, shards, n, bg, gemm.MmaConfig(mt, splits, rt=2))
+                        torch.cuda.synchronize()
+                        close(y, ref)
+                        close(y, mma)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("epilogue", ["silu", "relu2"])
 def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
     from b12x_core.tensor_core import gemm
@@ -199,7 +237,7 @@ def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
     n, k = 256, 512
     qw, shards = _case(rng, "MXFP4", n, k)
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
-    for config in (gemm.MmaConfig(4, 1), gemm.MmaConfig(8, 2)):
+    for config in (gemm.MmaConfig(4, 1), gemm.MmaConfig(8, 2), gemm.MmaConfig(8, 1, rt=2), gemm.MmaConfig(16, 2, rt=2)):
         mma = _run(x, shards, n, None, gemm.MmaConfig(4, config.splits), epilogue, wgmma_form=False)
         close(_run(x, shards, n, None, config, epilogue), mma)
 
@@ -215,22 +253,23 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
     qw, shards = _case(rng, fmt, n, k)
     w64 = torch.from_numpy(bf.dequantize(qw)).double()
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
-    for mt in MTS:
-        for splits in (1, 4):
-            first = _run(x, shards, n, None, gemm.MmaConfig(mt, splits))
-            assert torch.equal(first, _run(x, shards, n, None, gemm.MmaConfig(mt, splits)))
+    for config in [gemm.MmaConfig(mt, splits) for mt in MTS for splits in (1, 4)] + [
+        gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in (1, 4)
+    ]:
+        first = _run(x, shards, n, None, config)
+        assert torch.equal(first, _run(x, shards, n, None, config)), config
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
-    config = gemm.MmaConfig(2, 4)
-    ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
     staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream
-    graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))
-    for _ in range(3):
-        x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        close(y, x.double().cpu() @ w64.T)
+    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=2)):
+        ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
+        graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))  # noqa: B023
+        for _ in range(3):
+            x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            close(y, x.double().cpu() @ w64.T)
 
 
 @pytest.mark.gpu

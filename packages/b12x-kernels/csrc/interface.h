@@ -67,8 +67,8 @@ struct MmaPlan {
   int N;                          // weight rows (per expert when grouped)
   int K;                          // a multiple of 8
   int chunks;                     // K chunks in the repacked weight (K padded to the format's chunk)
-  int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)
-  int rt;                         // row tiles of 16 per warp (1 or 2; wgmma_gemm: 1): TILES_PER_CTA/rt warps per CTA
+  int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)
+  int rt;                         // row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)
   int splits;                     // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)

@@ -35,6 +35,7 @@ TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
 WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
+WGMMA_WS_TOKEN_TILES = (8, 16, 32)  # its warp-specialized form's (rt = 2): 8·mt tokens per CTA, half per warpgroup
 WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
 
 
@@ -107,8 +108,8 @@ MmaPlan = _block(
         ("N", "int", "weight rows (per expert when grouped)"),
         ("K", "int", "a multiple of 8"),
         ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
-        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)"),
-        ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 1): TILES_PER_CTA/rt warps per CTA"),
+        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)"),
+        ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),

@@ -4,7 +4,8 @@ over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.pl
 the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per MmaShard (a fused
 linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block table, token tiles
 of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (on the GPU it equals the mma.sync grouped form at 32-token
-blocks; its larger blocks have not been held to it there yet).
+blocks; its larger blocks have not been held to it there yet). Plans with rt = 2 (`ws_config`) run its
+warp-specialized form (64-256 tokens per CTA, linear only), which has not run on a GPU yet, so nothing picks it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import torch
 
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
+from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "default_config", "launch", "run", "slots", "staged_bytes",
-           "token_tile"]  # fmt: skip
+__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
+           "staged_bytes", "token_tile", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
@@ -51,6 +53,15 @@ def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None)
     (gemm.even_split); `slots_of(mt)` gives the CTAs that run at once."""
     mt = mt or token_tile(m)
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt)))
+
+
+def ws_config(m: int, n: int, chunks: int, sms: int, mt: int) -> MmaConfig:
+    """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cu: one decoding warpgroup feeds two multiplying ones,
+    8·mt tokens per CTA, one CTA per SM) at token tile mt, with the K split that fills the GPU. No backend picks it
+    yet: it has not run on a GPU."""
+    if mt not in WS_TOKEN_TILES:
+        raise ValueError(f"the warp-specialized form's token tile is one of {WS_TOKEN_TILES}, not {mt}")
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms), rt=2)
 
 
 def staged_bytes(fmt: str, rows: int, k: int) -> int:
