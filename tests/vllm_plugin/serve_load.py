@@ -5,7 +5,7 @@ throughput (docs/vllm.md):
     python tests/vllm_plugin/serve_load.py MODEL_DIR [--runs 3]     # starts the server, CPU numbers
 
 Every request is greedy with MAX_TOKENS tokens, and asks for its prompt's and answer's token ids
-(`return_token_ids`, a vLLM extension) and the top-5 logprobs keyed by token id (`return_tokens_as_token_ids`).
+(`return_token_ids`, a vLLM extension) and the top-TOP (20, vLLM's most) logprobs keyed by token id (`return_tokens_as_token_ids`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 KINDS = ("chat", "chat-stream", "completion", "completion-stream")
 MAX_TOKENS = 16
-TOP = 5
+TOP = 20  # vLLM's default max_logprobs: a flat tiny-model distribution puts near ties beyond the top 5
 REQUEST_S = 120  # one request on the tiny models takes < 5 s, 32 at once < 2 s
 LOAD_S = 300
 CONCURRENT = 32
@@ -52,7 +52,7 @@ class Answer:
     prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    logprobs: list[dict[int, float]] = field(default_factory=list)  # per step: token id -> logprob (top-5 + chosen)
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per step: token id -> logprob (top-TOP + chosen)
     finish_reason: str | None = None
 
 
