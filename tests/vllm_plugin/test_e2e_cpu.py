@@ -1,9 +1,10 @@
 """End to end on CPU: tiny random models quantized with b12x-formats, served by vLLM through the plugin,
 against vLLM running the same weights dequantized to bf16.
 
-Checks: greedy tokens agree until the first step where they differ, and there ours must be among the float
-model's top 5 within LOGPROB_TOL of its choice (a near tie); prompt and generated-token logprobs agree within
-LOGPROB_TOL.
+Checks: greedy tokens agree until the first step where they differ, and there the step must be a near tie: in
+one of the two runs the other's token is among its top 20 and within LOGPROB_TOL of its own choice (a top 5 of
+a random model's flat distribution can span 0.1 nats, too few tokens to tell); prompt and generated-token logprobs
+agree within LOGPROB_TOL.
 LOGPROB_TOL = 0.25 nats: measured differences are ≈0.03–0.06, from activation quantization (FP8 per token)
 and bf16 vs float32 rounding of the dequantized weights. MoE runs use bf16 activations here; the MXFP8 default
 of MXFP4 experts is checked on teacher-forced logprobs only, within MXFP8_LOGPROB_TOL.
@@ -46,6 +47,7 @@ MXFP8_LOGPROB_TOL = 1.0
 ROUTER_TOL = ROUTER_SCALE * LOGPROB_TOL
 TOP_K = TINY_QWEN3_MOE["num_experts_per_tok"]
 RUNNER = Path(__file__).with_name("run_vllm.py")
+TOP_LOGPROBS = 20  # each step's top 20 (vLLM's most): a random model's flat distribution packs near ties beyond 5
 
 
 def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: int = 1) -> dict:
@@ -55,7 +57,7 @@ def run_vllm(model: Path, out: Path, *flags: str, force_a16: bool = False, tp: i
         env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(tp)))}
         flags = (*flags, "--tensor-parallel-size", str(tp))
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(model), str(out), *flags],
+        [sys.executable, str(RUNNER), str(model), str(out), "--logprobs", str(TOP_LOGPROBS), *flags],
         env=env,
         capture_output=True,
         text=True,
@@ -137,6 +139,11 @@ def compare_prompt_logprobs(ours: dict, ref: dict, tol: float = LOGPROB_TOL, ali
     return compared
 
 
+def near_tie(step: dict, chosen: int, other: int) -> bool:
+    """Whether one run's step (its top logprobs by token id string) ranks `other` within LOGPROB_TOL of `chosen`."""
+    return str(other) in step and step[str(chosen)] - step[str(other)] <= LOGPROB_TOL
+
+
 def compare(ours: dict, ref: dict, moe: bool = False) -> None:
     """Teacher-forced prompt logprobs, then greedy generation until the first (near-tie) divergence; for a MoE,
     only where both models routed alike (routed_alike), which needs both runs' --record-routing."""
@@ -147,9 +154,10 @@ def compare(ours: dict, ref: dict, moe: bool = False) -> None:
             if alike is not None and not alike[r][len(PROMPTS[r]) + step - 1]:
                 break  # this token comes from an output routed differently: not comparable, nor anything after
             ref_step = req_ref["logprobs"][step]
-            if t_ours != t_ref:  # a near tie in the float model: ours must be one of its close runners-up
-                assert str(t_ours) in ref_step, (step, t_ours, t_ref, ref_step)
-                assert ref_step[str(t_ref)] - ref_step[str(t_ours)] <= LOGPROB_TOL, (step, t_ours, t_ref, ref_step)
+            if t_ours != t_ref:  # a near tie: in either model the other's token is a close runner-up
+                ours_step = req_ours["logprobs"][step]
+                assert near_tie(ref_step, t_ref, t_ours) or near_tie(ours_step, t_ours, t_ref), (
+                    step, t_ours, t_ref, ref_step, ours_step)  # fmt: skip
                 break  # contexts differ from here on
             compared += close(req_ours["logprobs"][step][str(t_ours)], ref_step[str(t_ref)], LOGPROB_TOL, step)
     assert compared, "no logprob compared"
