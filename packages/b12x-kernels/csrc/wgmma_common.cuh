@@ -3,6 +3,8 @@
 // registers or in shared memory, mbarriers, bulk copies, L2 policies, shared-memory matrix descriptors) and the
 // kernels that stage x in the B operand's shared-memory order. wgmma_gemm.cu (every warp decodes and multiplies) and
 // wgmma_ws_gemm.cu (a decoding warpgroup feeds two multiplying ones) include it.
+#include <cstdio>
+
 #include "mma_gemm.cuh"
 
 // The kernel bodies exist only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
@@ -40,6 +42,35 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
+  }
+}
+// bar_wait for kernels that have not yet run on a GPU: a wait longer than kHangNs (a deadlock: a phase nobody
+// completes) prints which barrier of which thread hung and traps, so a test fails in seconds with the culprit named
+// instead of hanging until its timeout. The clock is read only after the first failed try.
+constexpr unsigned long long kHangNs = 5000000000ull;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
+  return ns;
+}
+__device__ __noinline__ void report_hang(int which, uint32_t parity) {
+  printf("b12x: mbarrier wait %d (parity %u) hung: block (%d, %d, %d), thread %d\n", which, parity, blockIdx.x,
+         blockIdx.y, blockIdx.z, threadIdx.x);
+  __trap();
+}
+__device__ __forceinline__ void bar_wait_bounded(uint64_t* bar, uint32_t parity, int which) {
+  uint32_t done = 0;
+  unsigned long long since = 0;
+  while (true) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    const unsigned long long now = global_ns();
+    if (!since) since = now;
+    else if (now - since > kHangNs) report_hang(which, parity);
   }
 }
 // L2 policies: evict_first for bytes read once (the weights), evict_last for bytes every row block re-reads (x).

@@ -37,6 +37,8 @@ constexpr int kABytes = 128 * kSubK * 2;  // one decoded A stage: 128 rows of bf
 constexpr int kHalfA = 64 * 16 * 2;   // one row half's one k16 step (8 row groups × 256 bytes)
 constexpr int kXGroup = kSubK * 16;   // one group of 8 tokens of a staged x sub-chunk (bytes)
 static_assert(kWarps == 8, "128 rows per CTA: 8 tiles, two per decoding warp");
+// Which wait a hang report (bar_wait_bounded) names: the kernel has not run on a GPU yet.
+enum Wait { kWaitRaw = 1, kWaitAEmpty, kWaitXFull, kWaitAFull, kWaitXEmpty };
 
 template <class F, int MT>
 struct Shape {
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     using Sc = typename F::S;
     for (int i = 0; i < chunks; ++i) {
       const int st = i % R;
-      bar_wait(&raw_full[w][st], (i / R) & 1);
+      bar_wait_bounded(&raw_full[w][st], (i / R) & 1, kWaitRaw);
       uint4 w0[2], w1[2];  // rows q and q + 8 of each tile: the lane's E elements of the chunk
       Sc s0[2], s1[2];
 #pragma unroll
@@ -143,7 +145,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       static_for<H>([&](auto Hc) {
         constexpr int h = decltype(Hc)::value;
         const int s = i * H + h, as = s % SA;
-        bar_wait(&a_empty[as], ((s / SA) & 1) ^ 1);  // both multiplying warpgroups are done with it (SA stages ago)
+        // both multiplying warpgroups are done with this A stage (its use SA stages ago)
+        bar_wait_bounded(&a_empty[as], ((s / SA) & 1) ^ 1, kWaitAEmpty);
         uint8_t* a = aring + as * kABytes + (2 * w) * 256 + 16 * q + 4 * t;  // row group 2w, this lane's 4 bytes
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -192,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       for (int s = 0; s < SX; ++s) fetch(s);
     for (int s = 0; s < stages; ++s) {
       const int xst = s % SX, as = s % SA;
-      bar_wait(&x_full[u][xst], (s / SX) & 1);
-      bar_wait(&a_full[as], (s / SA) & 1);
+      bar_wait_bounded(&x_full[u][xst], (s / SX) & 1, kWaitXFull);
+      bar_wait_bounded(&a_full[as], (s / SA) & 1, kWaitAFull);
       fence_operands(d0);
       fence_operands(d1);
       wg_fence();
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         bar_arrive(&a_empty[prev % SA]);
         bar_arrive(&x_empty[u][prev % SX]);
         if (leader && prev + SX < stages) {
-          bar_wait(&x_empty[u][prev % SX], (prev / SX) & 1);
+          bar_wait_bounded(&x_empty[u][prev % SX], (prev / SX) & 1, kWaitXEmpty);
           fence_proxy_async();
           fetch(prev + SX);
         }
