@@ -43,7 +43,6 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         (dict(rt=3), {}, "rt must be 1"),
         (dict(rt=2, mt=4), {}, "with rt 2, mt must be 8, 16 or 32"),
         (dict(rt=2, mt=8, format=format_id("IQ2_XS")), {}, "format must be"),
-        (dict(rt=2, mt=8), dict(order=16, table=16, blocks=1), "grouped form runs rt 1"),
         (dict(splits=0), {}, "splits must be"),
         (dict(splits=2), {}, "splits must be"),  # one chunk
         (dict(K=100), {}, "K % 8"),
@@ -303,8 +302,9 @@ def _grouped(form, plan, a, y, slots, workspace, table, mt, fmt, k):
 def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     """A fused MoE's two GEMMs over a block table (gate/up: the slots' input rows gathered, SiLU of the interleaved
     gate / up rows; down: float32 slot rows per K split) on the prepared expert stacks of the tensor-core MoE
-    backend: the wgmma form with 32-, 64- and 128-token blocks equals the mma.sync form (32-token blocks, the
-    largest it has) slot by slot, up to the summation order; split-K tickets left zero."""
+    backend: the wgmma form with 32-, 64- and 128-token blocks, and its warp-specialized form with 64-, 128- and
+    256-token blocks, equal the mma.sync form (32-token blocks, the largest it has) slot by slot, up to the
+    summation order; split-K tickets left zero."""
     from test_moe_tiles import alone, problem
 
     from b12x_core.backends.tensor_core_moe import TensorCoreMoE
@@ -317,12 +317,12 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     moe = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
     x, ids, slots, rows13 = x.cuda(), ids.cuda(), t * top_k, moe.w13.shard.n
 
-    def both_gemms(form, mt, s13, s2, act_in=None):
+    def both_gemms(form, mt, s13, s2, act_in=None, rt=1):
         """(SiLU activations, down rows summed over the K splits) of one form under 8·mt-token blocks; the down
         GEMM reads `act_in` when given (the reference's activations), else its own."""
         table = block_table(ids, e, 8 * mt)
-        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
-        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
+        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13, rt), inter, "silu", moe.w13.row_scale, top_k)
+        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2, rt), 0, "f32", moe.w2.row_scale)
         slabs = min(s2, moe.w2.shard.chunks)  # the plan splits K at most into its chunks: one float32 slab each
         tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
         partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
@@ -337,7 +337,7 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
 
     for s13, s2 in ((1, 1), (2, 3)):
         act_mma, down_mma = both_gemms("mma", 4, s13, s2)
-        for mt in (4, 8, 16):
-            act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma)
+        for mt, rt in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2)):  # rt 2: the warp-specialized form
+            act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma, rt=rt)
             close(act_wg, act_mma)
             close(down_wg, down_mma)

@@ -265,43 +265,50 @@ __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
 // 64-column sub-chunks, so each of its shared-memory stages is one contiguous copy.
 // One thread per 16-byte piece of x (token m, chunk c, lane slot t, elements 8j..8j+7 of the slot's E):
 // a coalesced load, its four 4-byte pairs to steps 2j' and 2j'+1 (j' = j within the slot), K halves 0 and 1.
+
+// The piece (chunk c, staged row `row`, elements e0..e0+7 of the chunk) of value v into its place.
+template <class F, int SUB>
+__device__ __forceinline__ void store_piece(uint8_t* staged, int groups, int c, int row, int e0, const uint4& v) {
+  constexpr int KB = F::KB, E = F::E, SB = SUB / 16;  // k16 steps per sub-chunk (even: s0, s0 + 1 share one)
+  static_assert(KB % SUB == 0 && SB % 2 == 0, "whole sub-chunks of an even number of steps");
+  const int t = e0 / E, s0 = (e0 % E) / 4, h = s0 / SB, sl = s0 % SB;  // sub-chunk h, its step sl
+  uint8_t* block = staged + ((size_t(c) * (KB / SUB) + h) * groups + row / 8) * (SUB * 16) + 16 * (row % 8) + 4 * t;
+  *reinterpret_cast<uint32_t*>(block + (2 * sl + 0) * 128) = v.x;
+  *reinterpret_cast<uint32_t*>(block + (2 * sl + 1) * 128) = v.y;
+  *reinterpret_cast<uint32_t*>(block + (2 * sl + 2) * 128) = v.z;
+  *reinterpret_cast<uint32_t*>(block + (2 * sl + 3) * 128) = v.w;
+}
+
 template <class F, int SUB = F::KB>
 __global__ void stage_x_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ staged, int M, int K,
                                int chunks, int groups) {
 #ifdef B12X_WGMMA_DEVICE
-  constexpr int KB = F::KB, E = F::E, PIECES = KB / 8;  // 16-byte pieces per token and chunk
-  constexpr int SB = SUB / 16;                          // k16 steps per sub-chunk (even: s0, s0 + 1 share one)
-  static_assert(KB % SUB == 0 && SB % 2 == 0, "whole sub-chunks of an even number of steps");
+  constexpr int KB = F::KB, PIECES = KB / 8;  // 16-byte pieces per token and chunk
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)groups * 8 * chunks * PIECES) return;
   const int pc = int(i % PIECES);
   const long long rest = i / PIECES;
   const int m = int(rest % (groups * 8)), c = int(rest / (groups * 8));
-  const int e0 = 8 * pc, t = e0 / E, s0 = (e0 % E) / 4, k = c * KB + e0;
-  const int h = s0 / SB, sl = s0 % SB;  // sub-chunk and its step (SUB = KB: 0 and s0)
+  const int e0 = 8 * pc, k = c * KB + e0;
   uint4 v = make_uint4(0, 0, 0, 0);
   if (m < M && k < K) v = __ldg(reinterpret_cast<const uint4*>(x + size_t(m) * K + k));
-  uint8_t* block = staged + ((size_t(c) * (KB / SUB) + h) * groups + m / 8) * (SUB * 16) + 16 * (m % 8) + 4 * t;
-  *reinterpret_cast<uint32_t*>(block + (2 * sl + 0) * 128) = v.x;
-  *reinterpret_cast<uint32_t*>(block + (2 * sl + 1) * 128) = v.y;
-  *reinterpret_cast<uint32_t*>(block + (2 * sl + 2) * 128) = v.z;
-  *reinterpret_cast<uint32_t*>(block + (2 * sl + 3) * 128) = v.w;
+  store_piece<F, SUB>(staged, groups, c, m, e0, v);
 #endif
 }
 
 // The grouped form's staging (a fused MoE's GEMMs): staged row R is row r = R % TOK of table block b = R / TOK, the
 // input row of its slot (slot / top_k, or the slot itself), zero past the block's slot count and for idle blocks;
-// otherwise as stage_x_kernel. Written apart from it so the linear form's code stays the code the H200 ran.
-template <class F>
+// otherwise as stage_x_kernel.
+template <class F, int SUB = F::KB>
 __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ staged, int groups, int tok) {
 #ifdef B12X_WGMMA_DEVICE
-  constexpr int KB = F::KB, E = F::E, PIECES = KB / 8;
+  constexpr int KB = F::KB, PIECES = KB / 8;
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)groups * 8 * p.chunks * PIECES) return;
   const int pc = int(i % PIECES);
   const long long rest = i / PIECES;
   const int row = int(rest % (groups * 8)), c = int(rest / (groups * 8));
-  const int e0 = 8 * pc, t = e0 / E, s0 = (e0 % E) / 4, k = c * KB + e0;
+  const int e0 = 8 * pc, k = c * KB + e0;
   const int b = row / tok, r = row % tok;
   int src = -1;
   if (p.block_expert[b] >= 0 && r < p.block_rows[b]) {
@@ -310,11 +317,7 @@ __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ 
   }
   uint4 v = make_uint4(0, 0, 0, 0);
   if (src >= 0 && k < p.K) v = __ldg(reinterpret_cast<const uint4*>(p.x + size_t(src) * p.K + k));
-  uint8_t* block = staged + (size_t(c) * groups + row / 8) * (KB * 16) + 16 * (row % 8) + 4 * t;
-  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 0) * 128) = v.x;
-  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 1) * 128) = v.y;
-  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 2) * 128) = v.z;
-  *reinterpret_cast<uint32_t*>(block + (2 * s0 + 3) * 128) = v.w;
+  store_piece<F, SUB>(staged, groups, c, row, e0, v);
 #endif
 }
 

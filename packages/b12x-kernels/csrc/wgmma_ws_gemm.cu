@@ -23,7 +23,9 @@
 // A and the staged x agree on it, so the product is the GEMM's. Stages are 64 columns (FP4's 128-column chunk is two):
 // x at 256 tokens and A then take 16 KB each, so 4-6 x stages, 4 A stages and 3 raw chunks fit 227 KB, one CTA an SM
 // (384 threads, at most 168 registers: 128 accumulators a multiplying thread at 256 tokens).
-// Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The linear form only: no block table.
+// Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The grouped form (a fused MoE's GEMMs over the block table of
+// 8·mt-slot blocks, GROUPED) differs as wgmma_gemm.cu's: one CTA per table block, the block's expert's weights, the
+// slots' input rows gathered by stage_x_grouped_kernel, the slots' output rows in store_tile.
 #include "wgmma_common.cuh"
 
 namespace b12x {
@@ -56,8 +58,8 @@ struct Shape {
   static_assert(SX >= 3, "at least one x stage in flight beyond the two the wgmmas hold");
 };
 
-// grid (token tiles, K splits, 128-row blocks), as wgmma_gemm_kernel's linear form.
-template <class F, int MT>
+// grid (token tiles, or table blocks when GROUPED, K splits, 128-row blocks), as wgmma_gemm_kernel's.
+template <class F, int MT, bool GROUPED = false>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaParams p, const uint8_t* staged) {
 #ifdef B12X_WGMMA_DEVICE
   static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this kernel does not keep");
@@ -92,7 +94,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       for (int w = 0; w < 4; ++w) bar_init(&raw_full[w][s], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  tile_rows<TOK>(p, mtile, src_row, dst_row);  // linear form: expert 0; its barrier publishes the mbarriers
+  // its barrier publishes the mbarriers; a table block with nothing for this CTA returns (uniformly)
+  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
+  if (expert < 0) return;
 
   float acc[2][MT / 2][4];  // multiplying warps: row tiles 2j, 2j+1 of the CTA × the warpgroup's tokens
 #pragma unroll
@@ -106,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     // ------------------------------------------------------------------------------------ decode (warp w)
     const int w = warp, first = nblk * kWarps + 2 * w;  // its tiles: first (A half 0), first + 1 (A half 1)
     const int live = min(2, max(0, p.n16 - first));
+    const size_t first_global = size_t(expert) * p.n16 + first;  // grouped: the expert's weight in the stack
     uint8_t* raw = rawring + w * 2 * SLOT;
     const uint64_t weights_policy = l2_policy_first();
     auto fetch = [&](int i) {  // chunk i of the split into raw stage i % R (lane 0)
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       bar_arrive_expect(bar, live * (1024 + 16 * F::META));
       for (int r = 0; r < live; ++r) {
         uint8_t* slot = raw + st * (4 * 2 * SLOT) + r * SLOT;
-        const size_t tile = size_t(first + r) * p.chunks + c;
+        const size_t tile = (first_global + r) * p.chunks + c;
         bulk_copy(slot, p.codes + tile * 1024, 1024, bar, weights_policy);
         if constexpr (F::META > 0) bulk_copy(slot + 1024, p.meta + tile * 16 * F::META, 16 * F::META, bar, weights_policy);
       }
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     float(&d0)[HALF / 2] = reinterpret_cast<float(&)[HALF / 2]>(acc[0]);
     float(&d1)[HALF / 2] = reinterpret_cast<float(&)[HALF / 2]>(acc[1]);
     uint8_t* xs = xring + u * SX * Sh::XB;
-    const int groups = (p.M + 7) / 8;           // staged groups of 8 tokens
+    const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
     const int g0 = mtile * MT + u * (MT / 2);   // this warpgroup's first
     // only the staged groups: token columns past them are never stored, so whatever the stage held there is harmless
     const uint32_t x_bytes = uint32_t(min(Sh::XB, max(0, (groups - g0) * kXGroup)));
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     tile_base = nblk * kWarps + 2 * j;
     out_rows = dst_row + u * HALF;
   }
-  store_tile<2, MT / 2>(p, acc, tile_base, 0, split, mtile, nblk, out_rows);
+  store_tile<2, MT / 2>(p, acc, tile_base, expert, split, mtile, nblk, out_rows);
 #endif  // B12X_WGMMA_DEVICE
 }
 
@@ -236,16 +241,21 @@ template <class F, int MT>
 cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   using Sh = Shape<F, MT>;
   static_assert(Sh::BYTES <= 227 * 1024 - 4096, "shared memory of one CTA");
-  if (p.order) return cudaErrorInvalidValue;  // no grouped form
-  const int groups = (p.M + 7) / 8;
+  const bool grouped = p.order != nullptr;
+  const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
   const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
-  stage_x_kernel<F, kSubK><<<unsigned((pieces + 255) / 256), 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
+  const unsigned stage_blocks = unsigned((pieces + 255) / 256);
+  if (grouped) {
+    stage_x_grouped_kernel<F, kSubK><<<stage_blocks, 256, 0, stream>>>(p, staged, groups, Sh::TOK);
+  } else {
+    stage_x_kernel<F, kSubK><<<stage_blocks, 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = wgmma_ws_gemm_kernel<F, MT>;
+  auto kernel = grouped ? wgmma_ws_gemm_kernel<F, MT, true> : wgmma_ws_gemm_kernel<F, MT, false>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::BYTES);
   if (err != cudaSuccess) return err;
-  const int mtiles = (p.M + Sh::TOK - 1) / Sh::TOK;
+  const int mtiles = grouped ? p.blocks : (p.M + Sh::TOK - 1) / Sh::TOK;  // grouped: one CTA per table block
   kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, Sh::BYTES, stream>>>(p, staged);
   return cudaGetLastError();
 }

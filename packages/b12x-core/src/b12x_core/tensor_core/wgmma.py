@@ -5,7 +5,7 @@ the MMA's operand order first (scratch of `staged_bytes`), so it launches two ke
 linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block table, token tiles
 of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (on the GPU it equals the mma.sync grouped form at 32-token
 blocks; its larger blocks have not been held to it there yet). Plans with rt = 2 (`ws_config`) run its
-warp-specialized form (64-256 tokens per CTA, linear only), which has not run on a GPU yet, so nothing picks it.
+warp-specialized form (64-256 tokens per CTA, grouped too), which has not run on a GPU yet, so nothing picks it.
 """
 
 from __future__ import annotations
