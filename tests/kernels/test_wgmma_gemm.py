@@ -203,7 +203,7 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
-    """rt = 2: one warpgroup decodes into shared memory, two multiply (csrc/wgmma_ws_gemm.cu). M covers a partial
+    """rt = 2: one warpgroup decodes into shared memory, two multiply (csrc/wgmma_ws_gemm.cuh). M covers a partial
     warpgroup (37: the second warpgroup's tokens past M at 64-token tiles), several token tiles (300) and whole ones;
     N the same tails as above (a dead decoding warp, a partial tile); K whole and split."""
     from b12x_core.tensor_core import gemm, geometry

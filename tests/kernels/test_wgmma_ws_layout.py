@@ -1,4 +1,4 @@
-"""The shared-memory contract of the warp-specialized Hopper GEMM (csrc/wgmma_ws_gemm.cu), on CPU: where its decoding
+"""The shared-memory contract of the warp-specialized Hopper GEMM (csrc/wgmma_ws_gemm.cuh), on CPU: where its decoding
 warpgroup stores each weight element, where stage_x_kernel stores each activation (64-column sub-chunks), and where the
 SS wgmmas' descriptors then read them, per PTX ISA's canonical K-major layout without swizzle (core matrices of 8 rows
 × 16 bytes; LBO = the distance between the two K halves, SBO = between groups of 8 rows). The property: every k16 step
@@ -29,7 +29,7 @@ def canonical(row: int, kk: int, start: int, lbo: int, sbo: int) -> int:
 
 def decoded_a(fmt: str, chunk: int) -> dict[int, dict[int, tuple[int, int]]]:
     """Per A stage (stage index within the chunk): byte address -> (row of the CTA's 128, column of K) the decoding
-    warps store (wgmma_ws_gemm.cu's decode loop: warp w, tiles 2w, 2w+1 into halves 0, 1; decode8<g> gives lane
+    warps store (wgmma_ws_gemm.cuh's decode loop: warp w, tiles 2w, 2w+1 into halves 0, 1; decode8<g> gives lane
     elements 8g..8g+7 of rows q and q+8 as lo[0..3], hi[0..3], a pair each)."""
     kb, e = chunk_k(fmt), E_OF[fmt]
     h_count, gps = kb // SUB, e // 8 // (kb // SUB)

@@ -67,7 +67,8 @@ cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stre
 // the format's chunk K bf16 values (rows = M rounded up to 8, or blocks · 8·mt when grouped): x in the B operand's
 // order, gathered per slot when grouped, written by a small kernel before the GEMM (two launches per call). On other
 // devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice. rt = 2 runs its warp-specialized
-// form (wgmma_ws_gemm.cu: one warpgroup decodes into shared memory, two multiply from it; mt 8, 16 or 32, grouped too).
+// form (wgmma_ws_gemm.cuh: one warpgroup decodes into shared memory, two multiply from it; mt 8, 16 or 32; grouped
+// too).
 const char* wgmma_plan_error(const MmaPlan& plan);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);

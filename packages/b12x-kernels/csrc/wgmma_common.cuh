@@ -2,9 +2,7 @@
 // What the Hopper (sm_90a) tensor-core GEMMs share: the PTX they are written in (warpgroup MMAs with the A operand in
 // registers or in shared memory, mbarriers, bulk copies, L2 policies, shared-memory matrix descriptors) and the
 // kernels that stage x in the B operand's shared-memory order. wgmma_gemm.cu (every warp decodes and multiplies) and
-// wgmma_ws_gemm.cu (a decoding warpgroup feeds two multiplying ones) include it.
-#include <cstdio>
-
+// wgmma_ws_gemm.cuh (a decoding warpgroup feeds two multiplying ones) include it.
 #include "mma_gemm.cuh"
 
 // The kernel bodies exist only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
@@ -45,20 +43,16 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 // bar_wait for kernels that have not yet run on a GPU: a wait longer than kHangNs (a deadlock: a phase nobody
-// completes) prints which barrier of which thread hung and traps, so a test fails in seconds with the culprit named
-// instead of hanging until its timeout. The clock is read only after the first failed try.
+// completes) traps, so a test fails in seconds ("unspecified launch failure"; compute-sanitizer names the line)
+// instead of hanging until its timeout. No printf: a call would make ptxas serialize the kernel's wgmmas (C7510).
+// The clock is read only after the first failed try.
 constexpr unsigned long long kHangNs = 5000000000ull;
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long ns;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
   return ns;
 }
-__device__ __noinline__ void report_hang(int which, uint32_t parity) {
-  printf("b12x: mbarrier wait %d (parity %u) hung: block (%d, %d, %d), thread %d\n", which, parity, blockIdx.x,
-         blockIdx.y, blockIdx.z, threadIdx.x);
-  __trap();
-}
-__device__ __forceinline__ void bar_wait_bounded(uint64_t* bar, uint32_t parity, int which) {
+__device__ __forceinline__ void bar_wait_bounded(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   unsigned long long since = 0;
   while (true) {
@@ -70,7 +64,7 @@ __device__ __forceinline__ void bar_wait_bounded(uint64_t* bar, uint32_t parity,
     if (done) return;
     const unsigned long long now = global_ns();
     if (!since) since = now;
-    else if (now - since > kHangNs) report_hang(which, parity);
+    else if (now - since > kHangNs) asm volatile("trap;");
   }
 }
 // L2 policies: evict_first for bytes read once (the weights), evict_last for bytes every row block re-reads (x).
@@ -191,7 +185,7 @@ __device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&
       : "memory");
 }
 // d += A (64 × 16 bf16) · B (16 × N bf16), both from shared memory through their descriptors (K-major, no swizzle):
-// scale-d = 1, imm-scale-a = imm-scale-b = 1, imm-trans-a = imm-trans-b = 0. wgmma_ws_gemm.cu's multiply, its A
+// scale-d = 1, imm-scale-a = imm-scale-b = 1, imm-trans-a = imm-trans-b = 0. wgmma_ws_gemm.cuh's multiply, its A
 // decoded into shared memory by another warpgroup.
 template <int N>
 __device__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b);
@@ -261,7 +255,7 @@ __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
 // shared-memory order (wgmma_gemm.cu's header): a sub-chunk is SUB of the chunk's KB columns (its k16 steps
 // SUB/16·h .. +SUB/16 — four lane elements of every lane per step, so SUB consecutive steps, not consecutive k),
 // and within a group block step s' of the sub-chunk sits at s'·256, its K halves 128 bytes apart, token r at 16·r,
-// lane slot t at 4·t. SUB = KB (one block per chunk and group) is wgmma_gemm.cu's order; wgmma_ws_gemm.cu stages
+// lane slot t at 4·t. SUB = KB (one block per chunk and group) is wgmma_gemm.cu's order; wgmma_ws_gemm.cuh stages
 // 64-column sub-chunks, so each of its shared-memory stages is one contiguous copy.
 // One thread per 16-byte piece of x (token m, chunk c, lane slot t, elements 8j..8j+7 of the slot's E):
 // a coalesced load, its four 4-byte pairs to steps 2j' and 2j'+1 (j' = j within the slot), K halves 0 and 1.
@@ -325,8 +319,9 @@ bool on_sm90(int device);  // the device runs sm_90a code (compute capability 9.
 
 }  // namespace wgmma
 
-// The warp-specialized form (wgmma_ws_gemm.cu), which wgmma_gemm() runs for plans with rt = 2: whether it runs
-// this format at token tile mt (8·mt tokens a CTA), and its launch (x staging, then the GEMM).
+// The warp-specialized form (wgmma_ws_gemm.cuh, dispatched by wgmma_ws_gemm.cu), which wgmma_gemm() runs for plans
+// with rt = 2: whether it runs this format at token tile mt (8·mt tokens a CTA), and its launch (x staging, then the
+// GEMM).
 bool wgmma_ws_token_tile(int format, int mt);
 cudaError_t wgmma_ws_launch(const mma::MmaParams& p, uint8_t* staged, cudaStream_t stream);
 

@@ -56,7 +56,7 @@ def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None)
 
 
 def ws_config(m: int, n: int, chunks: int, sms: int, mt: int) -> MmaConfig:
-    """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cu: one decoding warpgroup feeds two multiplying ones,
+    """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cuh: one decoding warpgroup feeds two multiplying ones,
     8·mt tokens per CTA, one CTA per SM) at token tile mt, with the K split that fills the GPU. No backend picks it
     yet: it has not run on a GPU."""
     if mt not in WS_TOKEN_TILES:
