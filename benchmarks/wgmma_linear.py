@@ -107,48 +107,41 @@ def main() -> None:
                     for mt, cs in wconfigs.items()}  # fmt: skip
             staged = torch.empty(max(wgmma.staged_bytes(fmt, m, k) for k in xs), dtype=torch.uint8, device="cuda")
 
-            def wgmma_layer(i, mt, xs=xs, ys=ys, staged=staged):
+            def wgmma_layer(i, configs_, wss_, xs=xs, ys=ys, staged=staged):
+                """Copy i of the layer through a wgmma form under per-linear configs and workspaces."""
                 stream = torch.cuda.current_stream().cuda_stream
-                for s, c, ws in zip(layers[i], wconfigs[mt], wwss[mt], strict=True):
+                for s, c, ws in zip(layers[i], configs_, wss_, strict=True):
                     wgmma.run(xs[s.k], [s], ys[s.n], None, c, ws, staged, stream)
 
-            # check: the same bytes through both kernels (first copy), before any timing
-            check, stream = 0.0, torch.cuda.current_stream().cuda_stream
-            for j, (s, c, ws) in enumerate(zip(one_layer, configs, wss, strict=True)):
-                ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
-                gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
-                for mt in tiles:
-                    y = torch.full_like(ref, float("nan"))
-                    wgmma.run(xs[s.k], [s], y, None, wconfigs[mt][j], wwss[mt][j], staged, stream)
-                    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
-                    check = max(check, err if err == err else float("inf"))  # NaN: never written, or wrong
+            def check_against_mma(tile_configs, tile_wss, xs=xs, configs=configs, wss=wss, staged=staged):
+                """max |Δ| / max |y| of a wgmma form's configurations against mma.sync on the same bytes (first copy),
+                before any timing; inf where an output is NaN (never written, or wrong)."""
+                worst, stream = 0.0, torch.cuda.current_stream().cuda_stream
+                for j, (s, c, ws) in enumerate(zip(one_layer, configs, wss, strict=True)):
+                    ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
+                    gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
+                    for mt in tile_configs:
+                        y = torch.full_like(ref, float("nan"))
+                        wgmma.run(xs[s.k], [s], y, None, tile_configs[mt][j], tile_wss[mt][j], staged, stream)
+                        err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+                        worst = max(worst, err if err == err else float("inf"))
+                return worst
+
+            check = check_against_mma(wconfigs, wwss)
             # the warp-specialized form (rt = 2): token tiles of 64-256 that M fills at least half of, one CTA an SM
             ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if m >= 32 and args.ws else []
             ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt) for s in one_layer] for mt in ws_tiles}
             ws_wss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
                                                                                                    strict=True)]
                       for mt, cs in ws_configs.items()}  # fmt: skip
-
-            def ws_layer(i, mt, xs=xs, ys=ys, staged=staged):
-                stream = torch.cuda.current_stream().cuda_stream
-                for s, c, ws in zip(layers[i], ws_configs[mt], ws_wss[mt], strict=True):
-                    wgmma.run(xs[s.k], [s], ys[s.n], None, c, ws, staged, stream)
-
-            ws_check = 0.0
-            for j, (s, c, ws) in enumerate(zip(one_layer, configs, wss, strict=True)):
-                ref = torch.empty(m, s.n, dtype=torch.bfloat16, device="cuda")
-                gemm.run(xs[s.k], [s], ref, None, c, ws, stream)
-                for mt in ws_tiles:
-                    y = torch.full_like(ref, float("nan"))
-                    wgmma.run(xs[s.k], [s], y, None, ws_configs[mt][j], ws_wss[mt][j], staged, stream)
-                    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
-                    ws_check = max(ws_check, err if err == err else float("inf"))
+            ws_check = check_against_mma(ws_configs, ws_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3))
             per_nt = {}
             for mt in tiles:
-                per_nt[mt] = time_graph(lambda i, mt=mt: wgmma_layer(i, mt), len(layers), args.replays)
+                per_nt[mt] = time_graph(lambda i, mt=mt: wgmma_layer(i, wconfigs[mt], wwss[mt]), len(layers),
+                                        args.replays)  # fmt: skip
             best = min(per_nt, key=per_nt.get)
             t_w = per_nt[best]
             wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
@@ -159,7 +152,8 @@ def main() -> None:
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}", flush=True)  # fmt: skip
             if ws_tiles:
-                per_ws = {mt: time_graph(lambda i, mt=mt: ws_layer(i, mt), len(layers), args.replays)
+                per_ws = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, ws_configs[mt], ws_wss[mt]), len(layers),
+                                         args.replays)
                           for mt in ws_tiles}  # fmt: skip
                 best_ws = min(per_ws, key=per_ws.get)
                 t_ws = per_ws[best_ws]

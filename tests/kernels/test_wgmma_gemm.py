@@ -174,17 +174,17 @@ def _run(x, shards, n, bias, config, epilogue="bf16", wgmma_form=True):
     return y
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+def _held_to_the_reference_and_the_mma_kernel(rng, fmt, ms, configs_of):
+    """For every shape of _shapes(fmt), M in `ms`, bias on and off: each wgmma configuration of configs_of(chunks)
+    equals the reference and the mma.sync kernel (itself held to the reference) on the same repacked weights."""
     from b12x_core.tensor_core import gemm, geometry
 
     for n, k in _shapes(fmt):
         qw, shards = _case(rng, fmt, n, k)
-        cpu = bc.prepare_linear(qw, max_tokens=max(MS))
+        cpu = bc.prepare_linear(qw, max_tokens=max(ms))
         bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
-        chunks = shards[0].chunks
-        for m in MS:
+        configs = configs_of(shards[0].chunks)
+        for m in ms:
             x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
             xg = x.cuda()
             for b in (None, bias):
@@ -192,12 +192,22 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
                 bg = None if b is None else b.cuda()
                 mma = _run(xg, shards, n, bg, gemm.MmaConfig(geometry.token_tile(m), 1), wgmma_form=False)
                 close(mma, ref)
-                for mt in MTS:
-                    for splits in sorted({1, min(3, chunks)}):
-                        y = _run(xg, shards, n, bg, gemm.MmaConfig(mt, splits))
-                        torch.cuda.synchronize()
-                        close(y, ref)
-                        close(y, mma)  # the same weights through the same decode: only the summation order differs
+                for config in configs:
+                    y = _run(xg, shards, n, bg, config)
+                    torch.cuda.synchronize()
+                    close(y, ref)
+                    close(y, mma)  # the same weights through the same decode: only the summation order differs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+    from b12x_core.tensor_core import gemm
+
+    def configs_of(chunks):
+        return [gemm.MmaConfig(mt, splits) for mt in MTS for splits in sorted({1, min(3, chunks)})]
+
+    _held_to_the_reference_and_the_mma_kernel(rng, fmt, MS, configs_of)
 
 
 @pytest.mark.gpu
@@ -206,26 +216,12 @@ def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hop
     """rt = 2: one warpgroup decodes into shared memory, two multiply (csrc/wgmma_ws_gemm.cuh). M covers a partial
     warpgroup (37: the second warpgroup's tokens past M at 64-token tiles), several token tiles (300) and whole ones;
     N the same tails as above (a dead decoding warp, a partial tile); K whole and split."""
-    from b12x_core.tensor_core import gemm, geometry
+    from b12x_core.tensor_core import gemm
 
-    for n, k in _shapes(fmt):
-        qw, shards = _case(rng, fmt, n, k)
-        cpu = bc.prepare_linear(qw, max_tokens=300)
-        bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
-        chunks = shards[0].chunks
-        for m in (1, 37, 129, 300):
-            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
-            xg = x.cuda()
-            for b in (None, bias):
-                ref = bc.linear(x, cpu, b)
-                bg = None if b is None else b.cuda()
-                mma = _run(xg, shards, n, bg, gemm.MmaConfig(geometry.token_tile(m), 1), wgmma_form=False)
-                for mt in WS_MTS:
-                    for splits in sorted({1, min(3, chunks)}):
-                        y = _run(xg, shards, n, bg, gemm.MmaConfig(mt, splits, rt=2))
-                        torch.cuda.synchronize()
-                        close(y, ref)
-                        close(y, mma)
+    def configs_of(chunks):
+        return [gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in sorted({1, min(3, chunks)})]
+
+    _held_to_the_reference_and_the_mma_kernel(rng, fmt, [1, 37, 129, 300], configs_of)
 
 
 @pytest.mark.gpu

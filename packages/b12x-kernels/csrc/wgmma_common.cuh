@@ -315,6 +315,20 @@ __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ 
 #endif
 }
 
+// fn(F{}) for the formats the wgmma kernels decode (no per-chunk fp32 scale), `fallback` for others; the kernels'
+// with_config add their token tiles on top.
+template <class R, class Fn>
+R with_format(int format, R fallback, Fn&& fn) {
+  switch (format) {
+    case FMT_FP8: return fn(FmtFP8{});
+    case FMT_MXFP8: return fn(FmtMXFP8{});
+    case FMT_NVFP4: return fn(FmtFP4<true>{});
+    case FMT_MXFP4: return fn(FmtFP4<false>{});
+    case FMT_Q8_0: return fn(FmtQ8_0{});
+    default: return fallback;
+  }
+}
+
 bool on_sm90(int device);  // the device runs sm_90a code (compute capability 9.0 exactly); wgmma_gemm.cu
 
 }  // namespace wgmma

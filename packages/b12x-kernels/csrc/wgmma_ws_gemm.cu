@@ -21,14 +21,7 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
       default: return fallback;
     }
   };
-  switch (format) {
-    case FMT_FP8: return tiles(FmtFP8{});
-    case FMT_MXFP8: return tiles(FmtMXFP8{});
-    case FMT_NVFP4: return tiles(FmtFP4<true>{});
-    case FMT_MXFP4: return tiles(FmtFP4<false>{});
-    case FMT_Q8_0: return tiles(FmtQ8_0{});
-    default: return fallback;
-  }
+  return with_format(format, fallback, tiles);
 }
 
 }  // namespace wgmma_ws
