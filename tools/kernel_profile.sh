@@ -4,8 +4,9 @@
 # benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench sweep ncu decode model sanitize"; TESTS, BENCH, SWEEP, NCU_WGMMA, NCU_WS, NCU_MMA,
-# DECODE, MODEL override their arguments. The device returns at most 8 files: everything but the wheel is packed into
+# Steps are skipped by SKIP="tests bench ablate sweep ncu decode model sanitize"; TESTS, BENCH, ABLATE, SWEEP, NCU_WGMMA,
+# NCU_WS, NCU_MMA, DECODE, MODEL override their arguments. (ablate: benchmarks/ws_ablation.py, the warp-specialized
+# kernel without each part of its work.) The device returns at most 8 files: everything but the wheel is packed into
 # OUT/results.tar.gz at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,11 @@ if ! skip bench; then
   timeout 200 python3 benchmarks/wgmma_linear.py --out "$out/wgmma.json" --png "$out/wgmma.png" \
     ${BENCH:---formats NVFP4,FP8 --ms 1,16,64,128,256,1024,4096 --replays 20} > "$out/bench.log" 2>&1
   say "bench: exit $?"; tail -30 "$out/bench.log"
+fi
+if ! skip ablate; then
+  timeout 150 python3 benchmarks/ws_ablation.py --out "$out/ws_ablation.json" ${ABLATE:---ms 128,1024} \
+    > "$out/ws_ablation.log" 2>&1
+  say "ws ablation: exit $?"; cat "$out/ws_ablation.log" | cut -c1-200
 fi
 if ! skip sweep; then
   timeout 240 python3 benchmarks/mma_linear.py --model 8b --sweep --rt 1 --out "$out/sweep.json" \

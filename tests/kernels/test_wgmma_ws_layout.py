@@ -77,7 +77,7 @@ def staged_x(fmt: str, m: int, chunks: int) -> dict[int, tuple[int, int]]:
 @pytest.mark.parametrize("mt", [8, 32])
 def test_every_step_pairs_weights_and_activations_of_the_same_column(fmt, mt):
     kb = chunk_k(fmt)
-    chunks, half_tokens = 2, 4 * mt
+    chunks = 2
     m = 8 * mt  # one whole token tile
     x = staged_x(fmt, m, chunks)
     groups = m // 8
@@ -85,21 +85,20 @@ def test_every_step_pairs_weights_and_activations_of_the_same_column(fmt, mt):
         a_stages = decoded_a(fmt, chunk)
         seen = []  # per stage and warpgroup: the columns its steps multiplied
         for h, a in a_stages.items():
-            for u in range(2):  # multiplying warpgroup u: tokens u·HALF.., its stage = one contiguous copy
-                x_start = ((chunk * (kb // SUB) + h) * groups + u * mt // 2) * X_GROUP
+            x_start = (chunk * (kb // SUB) + h) * groups * X_GROUP  # the CTA's tokens: one contiguous copy
+            for u in range(2):  # multiplying warpgroup u: A half u, every token of the CTA
                 seen.append((h, set()))
                 for k in range(STEPS):
-                    for hf in range(2):
-                        for j in range(4):  # warp j holds rows 16j.. of the m64 half: row tile 2j + hf
-                            for i in range(16):
-                                for kk in range(16):
-                                    row, col = a[canonical(16 * j + i, kk, (hf * STEPS + k) * A_HALF, 128, 256)]
-                                    assert row == 16 * (2 * j + hf) + i
-                                    for n in range(0, half_tokens, 7):
-                                        tok, xcol = x[x_start + canonical(n, kk, k * 256, 128, X_GROUP)]
-                                        assert (tok, xcol) == (u * half_tokens + n, col)
-                                    if hf == 0 and j == 0 and i == 0:
-                                        seen[-1][1].add(col)
+                    for j in range(4):  # warp j holds rows 16j.. of the m64 half: row tile 2j + u (store_tile's)
+                        for i in range(16):
+                            for kk in range(16):
+                                row, col = a[canonical(16 * j + i, kk, (u * STEPS + k) * A_HALF, 128, 256)]
+                                assert row == 16 * (2 * j + u) + i
+                                for n in range(0, m, 7):
+                                    tok, xcol = x[x_start + canonical(n, kk, k * 256, 128, X_GROUP)]
+                                    assert (tok, xcol) == (n, col)
+                                if j == 0 and i == 0:
+                                    seen[-1][1].add(col)
         # each stage 64 columns; both warpgroups the same ones; the chunk's stages together all of its columns once
         per_stage = {h: cols for h, cols in seen}
         assert all(len(cols) == SUB and cols == per_stage[h] for h, cols in seen)

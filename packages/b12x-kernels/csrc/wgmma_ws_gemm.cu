@@ -1,5 +1,7 @@
 // The warp-specialized Hopper GEMM's dispatch (the kernel and its launch: wgmma_ws_gemm.cuh; their instantiations:
 // wgmma_ws_fp4.cu, wgmma_ws_fp8.cu, wgmma_ws_q8_0.cu).
+#include <cstdlib>
+
 #include "wgmma_ws_gemm.cuh"
 
 namespace b12x {
@@ -32,8 +34,12 @@ bool wgmma_ws_token_tile(int format, int mt) {
 
 cudaError_t wgmma_ws_launch(const mma::MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   using namespace wgmma_ws;
-  return with_config(p.format, p.mt, cudaErrorInvalidValue,
-                     [&](auto f, auto m) { return launch<decltype(f), decltype(m)::value>(p, staged, stream); });
+  // profiling only (wgmma_ws_gemm.cuh's `ablate`): a timing without one part of the kernel's work; wrong results
+  const char* ablate_env = std::getenv("B12X_WS_ABLATE");
+  const int ablate = ablate_env ? std::atoi(ablate_env) : 0;
+  return with_config(p.format, p.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
+    return launch<decltype(f), decltype(m)::value>(p, staged, ablate, stream);
+  });
 }
 
 }  // namespace b12x

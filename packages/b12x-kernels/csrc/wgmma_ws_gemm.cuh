@@ -12,18 +12,23 @@
 //     128 rows × 64 columns (16 KB, K-major, no swizzle: core matrices of 8 rows × 16 bytes, row-group stride 256,
 //     K halves 128 apart), then arrives on the stage's a_full barrier (all 128 threads, after fence.proxy.async:
 //     the wgmmas read shared memory through the async proxy). Warp w puts tile 2w in rows 16w.. of A half 0 and
-//     tile 2w+1 in rows 16w.. of A half 1, so multiplying warp j's two D fragments are row tiles 2j and 2j+1:
-//     consecutive, as store_tile's rt = 2 wants them.
-//   warpgroups 1 and 2 (multiply): each owns half the CTA's tokens (4·mt, wgmma's N) and its own ring of x stages,
-//     refilled by its first thread with one bulk copy per stage (x staged by stage_x_kernel in 64-column sub-chunks,
-//     so the warpgroup's token groups of a sub-chunk are contiguous). Per 64-column stage: wait x_full and a_full,
-//     issue 4 k16 steps × 2 row halves of SS wgmma (m64 n(4·mt) k16, both operands in shared memory), commit, wait
-//     for all but this group (wgmma.wait_group 1), then release the previous stage's A (a_empty, 256 arrivals)
-//     and x (x_empty, 128 arrivals; the first thread waits for them and refills it).
+//     tile 2w+1 in rows 16w.. of A half 1, so multiplying warp j of warpgroup 1 + u holds row tile 2j + u.
+//   warpgroups 1 and 2 (multiply): warpgroup 1 + u owns A half u (64 rows) and every token of the CTA (8·mt, wgmma's
+//     N), as CUTLASS's consumers own rows of the tile: each k16 step is one SS wgmma (m64 n(8·mt) k16, both operands
+//     in shared memory) a warpgroup, so a stage's A is read once and its x twice. (A first form gave each warpgroup
+//     half the tokens over both row halves: A read twice, x twice, twice the wgmmas of half the N; Nsight Compute
+//     and the token-tile scaling showed time following shared-memory bytes.) One ring of x stages, refilled by the
+//     first multiplying thread with one bulk copy per stage (x staged by stage_x_kernel in 64-column sub-chunks, so
+//     the CTA's token groups of a sub-chunk are contiguous). Per 64-column stage: wait x_full and a_full, issue the
+//     4 k16 steps, commit, wait for all but this group (wgmma.wait_group 1), then release the previous stage's A
+//     (a_empty, 256 arrivals) and x (x_empty, 256 arrivals; the first thread waits for them and refills it).
 // The k order within a chunk is the repack's (lane t's E elements, four per k16 step; see wgmma_gemm.cu): the decoded
 // A and the staged x agree on it, so the product is the GEMM's. Stages are 64 columns (FP4's 128-column chunk is two):
-// x at 256 tokens and A then take 16 KB each, so 4-6 x stages, 4 A stages and 3 raw chunks fit 227 KB, one CTA an SM
+// x at 256 tokens takes 32 KB and A 16 KB, so 4-6 x stages, 4 A stages and 3 raw chunks fit 227 KB, one CTA an SM
 // (384 threads, at most 168 registers: 128 accumulators a multiplying thread at 256 tokens).
+// `ablate` (0 in every real call; B12X_WS_ABLATE, for profiling only: the results are wrong) leaves out one part of the
+// work so a timing shows what bounds the kernel: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight
+// copies.
 // Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The grouped form (a fused MoE's GEMMs over the block table of
 // 8·mt-slot blocks, GROUPED) differs as wgmma_gemm.cu's: one CTA per table block, the block's expert's weights, the
 // slots' input rows gathered by stage_x_grouped_kernel, the slots' output rows in store_tile.
@@ -44,35 +49,35 @@ static_assert(kWarps == 8, "128 rows per CTA: 8 tiles, two per decoding warp");
 template <class F, int MT>
 struct Shape {
   static constexpr int TOK = 8 * MT;                  // tokens per CTA
-  static constexpr int HALF = TOK / 2;                // per multiplying warpgroup: its wgmma's N
   static constexpr int H = F::KB / kSubK;             // stages per K chunk
-  static constexpr int XB = HALF / 8 * kXGroup;       // one warpgroup's x stage
+  static constexpr int XB = TOK / 8 * kXGroup;        // one x stage: the CTA's tokens, 64 columns
   static constexpr int RAW = kWarps * slot_bytes<F>();  // one chunk's 8 raw tiles (codes, then their scale bytes)
   static constexpr int SA = 4, R = 3;                 // A stages, raw chunks
   static constexpr int BUDGET = 227 * 1024 - 4096;    // dynamic shared memory, leaving room for the static part
-  static constexpr int SX_FIT = (BUDGET - SA * kABytes - R * RAW) / (2 * XB);
-  static constexpr int SX = SX_FIT > 6 ? 6 : SX_FIT;  // x stages of each multiplying warpgroup
-  static constexpr int BYTES = 2 * SX * XB + SA * kABytes + R * RAW;
+  static constexpr int SX_FIT = (BUDGET - SA * kABytes - R * RAW) / XB;
+  static constexpr int SX = SX_FIT > 6 ? 6 : SX_FIT;  // x stages
+  static constexpr int BYTES = SX * XB + SA * kABytes + R * RAW;
   static_assert(F::KB % kSubK == 0 && F::E % (8 * H) == 0, "whole stages of whole decode groups");
   static_assert(SX >= 3, "at least one x stage in flight beyond the two the wgmmas hold");
 };
 
 // grid (token tiles, or table blocks when GROUPED, K splits, 128-row blocks), as wgmma_gemm_kernel's.
 template <class F, int MT, bool GROUPED = false>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaParams p, const uint8_t* staged) {
+__global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaParams p, const uint8_t* staged,
+                                                                      int ablate) {
 #ifdef B12X_WGMMA_DEVICE
   static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this kernel does not keep");
   using Sh = Shape<F, MT>;
-  constexpr int TOK = Sh::TOK, HALF = Sh::HALF, H = Sh::H, SX = Sh::SX, SA = Sh::SA, R = Sh::R;
+  constexpr int TOK = Sh::TOK, H = Sh::H, SX = Sh::SX, SA = Sh::SA, R = Sh::R;
   constexpr int SLOT = slot_bytes<F>();
   constexpr int GPS = F::E / 8 / H;  // decode groups (two k16 steps each) per stage
   static_assert(2 * GPS == kSteps, "a stage is four k16 steps");
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* xring = smem;                        // [multiplying warpgroup][SX][XB]
-  uint8_t* aring = smem + 2 * SX * Sh::XB;      // [SA][kABytes]
+  uint8_t* xring = smem;                        // [SX][XB]
+  uint8_t* aring = smem + SX * Sh::XB;          // [SA][kABytes]
   uint8_t* rawring = aring + SA * kABytes;      // [R][decoding warp][2 tiles][SLOT]
   __shared__ int src_row[TOK], dst_row[TOK];
-  __shared__ __align__(8) uint64_t x_full[2][SX], x_empty[2][SX], a_full[SA], a_empty[SA], raw_full[4][R];
+  __shared__ __align__(8) uint64_t x_full[SX], x_empty[SX], a_full[SA], a_empty[SA], raw_full[4][R];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, q = lane >> 2, t = lane & 3;
   const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
@@ -81,10 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
   const int stages = chunks * H;  // 64-column stages of this split
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < SX; ++s) {
-      bar_init(&x_full[0][s], 1), bar_init(&x_full[1][s], 1);
-      bar_init(&x_empty[0][s], 128), bar_init(&x_empty[1][s], 128);
-    }
+    for (int s = 0; s < SX; ++s) bar_init(&x_full[s], 1), bar_init(&x_empty[s], 256);
 #pragma unroll
     for (int s = 0; s < SA; ++s) bar_init(&a_full[s], 128), bar_init(&a_empty[s], 256);
 #pragma unroll
@@ -97,13 +99,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
   if (expert < 0) return;
 
-  float acc[2][MT / 2][4];  // multiplying warps: row tiles 2j, 2j+1 of the CTA × the warpgroup's tokens
+  float acc[1][MT][4];  // multiplying warps: their row tile × the CTA's tokens (wgmma's D, as store_tile reads it)
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int j = 0; j < MT / 2; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+  for (int j = 0; j < MT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
   int tile_base = p.n16;  // the decoding warpgroup stores nothing (every row past N) but joins store_tile's barriers
-  const int* out_rows = dst_row;
 
   if (wg == 0) {
     // ------------------------------------------------------------------------------------ decode (warp w)
@@ -117,6 +116,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       const int st = i % R, c = c_begin + i;
       uint64_t* bar = &raw_full[w][st];
       fence_proxy_async();  // this stage's earlier generic reads (R chunks ago) before the async writes
+      if (ablate & 8) {
+        bar_arrive_expect(bar, 0);
+        return;
+      }
       bar_arrive_expect(bar, live * (1024 + 16 * F::META));
       for (int r = 0; r < live; ++r) {
         uint8_t* slot = raw + st * (4 * 2 * SLOT) + r * SLOT;
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         uint8_t* a = aring + as * kABytes + (2 * w) * 256 + 16 * q + 4 * t;  // row group 2w, this lane's 4 bytes
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if (r >= live) continue;
+          if (r >= live || (ablate & 1)) continue;
           static_for<GPS>([&](auto Gc) {
             constexpr int G = decltype(Gc)::value, g = h * GPS + G;
             uint32_t lo[4], hi[4];  // rows q and q + 8: the A fragments of steps 2G and 2G + 1
@@ -177,21 +180,19 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
   } else {
     // ------------------------------------------------------------------------------------ multiply (warpgroup u)
     const int u = wg - 1, j = warp & 3;
-    const bool leader = (threadIdx.x & 127) == 0;
-    float(&d0)[HALF / 2] = reinterpret_cast<float(&)[HALF / 2]>(acc[0]);
-    float(&d1)[HALF / 2] = reinterpret_cast<float(&)[HALF / 2]>(acc[1]);
-    uint8_t* xs = xring + u * SX * Sh::XB;
+    const bool leader = threadIdx.x == 128;
+    float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
     const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
-    const int g0 = mtile * MT + u * (MT / 2);   // this warpgroup's first
+    const int g0 = mtile * MT;                                    // the CTA's first
     // only the staged groups: token columns past them are never stored, so whatever the stage held there is harmless
-    const uint32_t x_bytes = uint32_t(min(Sh::XB, max(0, (groups - g0) * kXGroup)));
+    const uint32_t x_bytes = (ablate & 4) ? 0u : uint32_t(min(Sh::XB, max(0, (groups - g0) * kXGroup)));
     const uint64_t x_policy = l2_policy_last();  // every 128-row block of CTAs re-reads x
     auto fetch = [&](int s) {  // stage s of the split into x stage s % SX (the leader)
       if (s >= stages) return;
       const int st = s % SX, c = c_begin + s / H, h = s % H;
-      bar_arrive_expect(&x_full[u][st], x_bytes);
+      bar_arrive_expect(&x_full[st], x_bytes);
       if (x_bytes)
-        bulk_copy(xs + st * Sh::XB, staged + ((size_t(c) * H + h) * groups + g0) * kXGroup, x_bytes, &x_full[u][st],
+        bulk_copy(xring + st * Sh::XB, staged + ((size_t(c) * H + h) * groups + g0) * kXGroup, x_bytes, &x_full[st],
                   x_policy);
     };
     if (leader)
@@ -199,45 +200,41 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       for (int s = 0; s < SX; ++s) fetch(s);
     for (int s = 0; s < stages; ++s) {
       const int xst = s % SX, as = s % SA;
-      bar_wait_bounded(&x_full[u][xst], (s / SX) & 1);
+      bar_wait_bounded(&x_full[xst], (s / SX) & 1);
       bar_wait_bounded(&a_full[as], (s / SA) & 1);
-      fence_operands(d0);
-      fence_operands(d1);
+      fence_operands(d);
       wg_fence();
-      const uint32_t xa = smem_addr(xs + xst * Sh::XB), aa = smem_addr(aring + as * kABytes);
-      static_for<kSteps>([&](auto Kc) {
-        constexpr int k = decltype(Kc)::value;
-        const uint64_t b = smem_desc<kXGroup>(xa + k * 256);  // token groups kXGroup apart, K halves 128
-        mma_ss<HALF>(d0, smem_desc<256>(aa + k * kHalfA), b);  // row groups 256 apart, K halves 128
-        mma_ss<HALF>(d1, smem_desc<256>(aa + (kSteps + k) * kHalfA), b);
-      });
+      const uint32_t xa = smem_addr(xring + xst * Sh::XB), aa = smem_addr(aring + (as * 2 * kSteps + u * kSteps) * kHalfA);
+      if (!(ablate & 2))
+        static_for<kSteps>([&](auto Kc) {
+          constexpr int k = decltype(Kc)::value;
+          // A: row groups 256 apart, K halves 128; x: token groups kXGroup apart, K halves 128
+          mma_ss<TOK>(d, smem_desc<256>(aa + k * kHalfA), smem_desc<kXGroup>(xa + k * 256));
+        });
       wg_commit();
       wg_wait<1>();  // stage s - 1's wgmmas are done: release its A and x
-      fence_operands(d0);
-      fence_operands(d1);
+      fence_operands(d);
       if (s > 0) {
         const int prev = s - 1;
         bar_arrive(&a_empty[prev % SA]);
-        bar_arrive(&x_empty[u][prev % SX]);
+        bar_arrive(&x_empty[prev % SX]);
         if (leader && prev + SX < stages) {
-          bar_wait_bounded(&x_empty[u][prev % SX], (prev / SX) & 1);
+          bar_wait_bounded(&x_empty[prev % SX], (prev / SX) & 1);
           fence_proxy_async();
           fetch(prev + SX);
         }
       }
     }
     wg_wait<0>();
-    fence_operands(d0);
-    fence_operands(d1);
-    tile_base = nblk * kWarps + 2 * j;
-    out_rows = dst_row + u * HALF;
+    fence_operands(d);
+    tile_base = nblk * kWarps + 2 * j + u;
   }
-  store_tile<2, MT / 2>(p, acc, tile_base, expert, split, mtile, nblk, out_rows);
+  store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 #endif  // B12X_WGMMA_DEVICE
 }
 
 template <class F, int MT>
-cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
+cudaError_t launch(const MmaParams& p, uint8_t* staged, int ablate, cudaStream_t stream) {
   using Sh = Shape<F, MT>;
   static_assert(Sh::BYTES <= 227 * 1024 - 4096, "shared memory of one CTA");
   const bool grouped = p.order != nullptr;
@@ -255,7 +252,7 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::BYTES);
   if (err != cudaSuccess) return err;
   const int mtiles = grouped ? p.blocks : (p.M + Sh::TOK - 1) / Sh::TOK;  // grouped: one CTA per table block
-  kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, Sh::BYTES, stream>>>(p, staged);
+  kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, Sh::BYTES, stream>>>(p, staged, ablate);
   return cudaGetLastError();
 }
 
@@ -263,9 +260,9 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
 // per-format-family translation units (wgmma_ws_fp4.cu, wgmma_ws_fp8.cu, wgmma_ws_q8_0.cu) so the build compiles
 // them in parallel.
 #define B12X_WGMMA_WS_LAUNCHES(EXT, F)                                                   \
-  EXT template cudaError_t launch<F, 8>(const MmaParams&, uint8_t*, cudaStream_t);  \
-  EXT template cudaError_t launch<F, 16>(const MmaParams&, uint8_t*, cudaStream_t); \
-  EXT template cudaError_t launch<F, 32>(const MmaParams&, uint8_t*, cudaStream_t);
+  EXT template cudaError_t launch<F, 8>(const MmaParams&, uint8_t*, int, cudaStream_t);  \
+  EXT template cudaError_t launch<F, 16>(const MmaParams&, uint8_t*, int, cudaStream_t); \
+  EXT template cudaError_t launch<F, 32>(const MmaParams&, uint8_t*, int, cudaStream_t);
 
 }  // namespace wgmma_ws
 }  // namespace b12x

@@ -1,0 +1,80 @@
+"""What bounds the warp-specialized wgmma GEMM (csrc/wgmma_ws_gemm.cuh): one linear timed whole and with one part of
+its work left out (B12X_WS_ABLATE: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight copies;
+results are wrong then, so nothing is checked), beside bf16 F.linear and the register-A wgmma form on the same shape
+in the same run. Needs an sm_90 GPU.
+
+    python benchmarks/ws_ablation.py --out ws_ablation.json [--shape 28672x4096] [--fmt NVFP4] [--ms 128,1024]
+
+Method as wgmma_linear.py: CUDA graph replays over several weight copies (beyond L2), median per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from decode_linear import copies_for, device_facts, time_graph
+from mma_linear import shard_bytes
+from wgmma_linear import shard
+
+from b12x_core.tensor_core import gemm, wgmma
+
+MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight copies": 8,
+         "copies only": 1 | 2, "decode only": 2 | 4, "wgmma only": 1 | 4 | 8}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fmt", default="NVFP4")
+    parser.add_argument("--shape", default="28672x4096")
+    parser.add_argument("--ms", default="128,1024")
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--out", default="ws_ablation.json")
+    args = parser.parse_args()
+    n, k = map(int, args.shape.split("x"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    one = shard(args.fmt, n, k)
+    copies = [one] + [shard(args.fmt, n, k) for _ in range(copies_for(shard_bytes(one)) - 1)]
+    dense = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
+    rows = []
+    for m in map(int, args.ms.split(",")):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        staged = torch.empty(wgmma.staged_bytes(args.fmt, m, k), dtype=torch.uint8, device="cuda")
+
+        def run(config):
+            ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+
+            def call(i):
+                wgmma.run(x, [copies[i]], y, None, config, ws, staged, torch.cuda.current_stream().cuda_stream)
+
+            return time_graph(call, len(copies), args.replays)
+
+        row = dict(m=m, bf16=time_graph(lambda i: F.linear(x, dense[i]), len(dense), args.replays))
+        slots = {mt: wgmma.slots(args.fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
+        row["register_a"] = {
+            mt: run(wgmma.default_config(m, n, one.chunks, slots.get, mt))
+            for mt in wgmma.TOKEN_TILES
+            if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)
+        }
+        for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
+            config = wgmma.ws_config(m, n, one.chunks, sms, mt)
+            for name, mode in MODES.items():
+                os.environ["B12X_WS_ABLATE"] = str(mode)  # read by the launch, baked into the captured graph
+                row.setdefault(f"ws mt={mt}", {})[name] = run(config)
+            os.environ.pop("B12X_WS_ABLATE")
+        rows.append(row)
+        print(f"M={m} {args.fmt} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
+              + " ".join(f"mt{mt}:{t:.1f}" for mt, t in row["register_a"].items()))  # fmt: skip
+        for key, modes in row.items():
+            if key.startswith("ws"):
+                print(f"  {key}: " + " | ".join(f"{name} {t:.1f}" for name, t in modes.items()), flush=True)
+    with open(args.out, "w") as f:
+        json.dump({**device_facts(), "fmt": args.fmt, "shape": [n, k], "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
