@@ -28,7 +28,8 @@
 // (384 threads, at most 168 registers: 128 accumulators a multiplying thread at 256 tokens).
 // `ablate` (0 in every real call; B12X_WS_ABLATE, for profiling only: the results are wrong) leaves out one part of the
 // work so a timing shows what bounds the kernel: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight
-// copies.
+// copies; 16 reads both operands through 128-byte-swizzle descriptors (8-row atoms of 1 KB; the bytes are not laid
+// out for it, so only the timing means anything): what the no-swizzle layout costs the wgmmas.
 // Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The grouped form (a fused MoE's GEMMs over the block table of
 // 8·mt-slot blocks, GROUPED) differs as wgmma_gemm.cu's: one CTA per table block, the block's expert's weights, the
 // slots' input rows gathered by stage_x_grouped_kernel, the slots' output rows in store_tile.
@@ -205,7 +206,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       fence_operands(d);
       wg_fence();
       const uint32_t xa = smem_addr(xring + xst * Sh::XB), aa = smem_addr(aring + (as * 2 * kSteps + u * kSteps) * kHalfA);
-      if (!(ablate & 2))
+      if (ablate & 16) {
+        // 128-byte swizzle, K-major: start | LBO 16 (unused) | SBO 1024 (8-row atoms) | mode 1 << 62; k16 = 32 bytes
+        const uint64_t sw = (uint64_t(1) << 62) | (desc_field(1024) << 32) | (desc_field(16) << 16);
+        static_for<kSteps>([&](auto Kc) {
+          constexpr int k = decltype(Kc)::value;
+          mma_ss<TOK>(d, sw | desc_field(aa + k * 32), sw | desc_field(xa + k * 32));
+        });
+      } else if (!(ablate & 2))
         static_for<kSteps>([&](auto Kc) {
           constexpr int k = decltype(Kc)::value;
           // A: row groups 256 apart, K halves 128; x: token groups kXGroup apart, K halves 128
