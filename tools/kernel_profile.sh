@@ -5,7 +5,8 @@
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
 # Steps are skipped by SKIP="tests bench ablate sweep ncu decode model sanitize"; TESTS, BENCH, ABLATE, SWEEP, NCU_WGMMA,
-# NCU_WS, NCU_MMA, DECODE, MODEL override their arguments. (ablate: benchmarks/ws_ablation.py, the warp-specialized
+# NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
+# ablation mode. (ablate: benchmarks/ws_ablation.py, the warp-specialized
 # kernel without each part of its work.) The device returns at most 8 files: everything but the wheel is packed into
 # OUT/results.tar.gz at the end.
 set -uo pipefail
@@ -57,13 +58,20 @@ if ! skip ncu; then
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
     > "$out/ncu_ws.log" 2>&1
   say "ncu wgmma ws: exit $?"
+  if [ -n "${NCU_WS_ABLATE:-}" ]; then  # the same cases without parts of the work (ws_ablation.py's modes, e.g. 3)
+    B12X_WS_ABLATE="$NCU_WS_ABLATE" timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis_Tables python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
+      > "$out/ncu_ws_ablate.log" 2>&1
+    say "ncu wgmma ws, B12X_WS_ABLATE=$NCU_WS_ABLATE: exit $?"
+  fi
   timeout 150 ncu --clock-control none -k regex:mma_gemm_kernel --section SpeedOfLight --section Occupancy \
     --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/mma_profile.py ${NCU_MMA:-NVFP4:28672x4096:1:auto:auto NVFP4:4096x4096:1:auto:auto \
     IQ2_XS:28672x4096:1:auto:auto FP8:4096x14336:1:auto:auto} > "$out/ncu_mma.log" 2>&1
   say "ncu mma: exit $?"
   grep -E "_kernel<|Duration|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|No Eligible|Grid Size|Waves Per SM|Warp Cycles Per Issued" \
-    "$out/ncu_wgmma.log" "$out/ncu_ws.log" "$out/ncu_mma.log" | cut -c1-160
+    "$out"/ncu_*.log | cut -c1-160
 fi
 if ! skip decode; then
   timeout 150 python3 benchmarks/decode_kernels.py --out "$out/decode_kernels.json" ${DECODE:-} \

@@ -29,7 +29,10 @@
 // `ablate` (0 in every real call; B12X_WS_ABLATE, for profiling only: the results are wrong) leaves out one part of the
 // work so a timing shows what bounds the kernel: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight
 // copies; 16 reads both operands through 128-byte-swizzle descriptors (8-row atoms of 1 KB; the bytes are not laid
-// out for it, so only the timing means anything): what the no-swizzle layout costs the wgmmas.
+// out for it, so only the timing means anything): what the no-swizzle layout costs the wgmmas; 32 waits on the
+// mbarriers without the deadlock bound (bar_wait: no %globaltimer read after a failed try; a wait that fails once
+// reads that timer, whose latency every such wait would add to the pipeline); 64 leaves out the decoder's
+// fence.proxy.async per stage.
 // Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The grouped form (a fused MoE's GEMMs over the block table of
 // 8·mt-slot blocks, GROUPED) differs as wgmma_gemm.cu's: one CTA per table block, the block's expert's weights, the
 // slots' input rows gathered by stage_x_grouped_kernel, the slots' output rows in store_tile.
@@ -99,6 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
   // its barrier publishes the mbarriers; a table block with nothing for this CTA returns (uniformly)
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
   if (expert < 0) return;
+  auto wait = [ablate](uint64_t* bar, uint32_t parity) {
+    if (ablate & 32) bar_wait(bar, parity);
+    else bar_wait_bounded(bar, parity);
+  };
 
   float acc[1][MT][4];  // multiplying warps: their row tile × the CTA's tokens (wgmma's D, as store_tile reads it)
 #pragma unroll
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     using Sc = typename F::S;
     for (int i = 0; i < chunks; ++i) {
       const int st = i % R;
-      bar_wait_bounded(&raw_full[w][st], (i / R) & 1);
+      wait(&raw_full[w][st], (i / R) & 1);
       uint4 w0[2], w1[2];  // rows q and q + 8 of each tile: the lane's E elements of the chunk
       Sc s0[2], s1[2];
 #pragma unroll
@@ -154,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         constexpr int h = decltype(Hc)::value;
         const int s = i * H + h, as = s % SA;
         // both multiplying warpgroups are done with this A stage (its use SA stages ago)
-        bar_wait_bounded(&a_empty[as], ((s / SA) & 1) ^ 1);
+        wait(&a_empty[as], ((s / SA) & 1) ^ 1);
         uint8_t* a = aring + as * kABytes + (2 * w) * 256 + 16 * q + 4 * t;  // row group 2w, this lane's 4 bytes
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
             }
           });
         }
-        fence_proxy_async();  // the generic writes before the wgmmas' async-proxy reads
+        if (!(ablate & 64)) fence_proxy_async();  // the generic writes before the wgmmas' async-proxy reads
         bar_arrive(&a_full[as]);
       });
     }
@@ -201,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       for (int s = 0; s < SX; ++s) fetch(s);
     for (int s = 0; s < stages; ++s) {
       const int xst = s % SX, as = s % SA;
-      bar_wait_bounded(&x_full[xst], (s / SX) & 1);
-      bar_wait_bounded(&a_full[as], (s / SA) & 1);
+      wait(&x_full[xst], (s / SX) & 1);
+      wait(&a_full[as], (s / SA) & 1);
       fence_operands(d);
       wg_fence();
       const uint32_t xa = smem_addr(xring + xst * Sh::XB), aa = smem_addr(aring + (as * 2 * kSteps + u * kSteps) * kHalfA);
@@ -227,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         bar_arrive(&a_empty[prev % SA]);
         bar_arrive(&x_empty[prev % SX]);
         if (leader && prev + SX < stages) {
-          bar_wait_bounded(&x_empty[prev % SX], (prev / SX) & 1);
+          wait(&x_empty[prev % SX], (prev / SX) & 1);
           fence_proxy_async();
           fetch(prev + SX);
         }
