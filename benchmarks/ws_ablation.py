@@ -1,8 +1,9 @@
 """What bounds the warp-specialized wgmma GEMM (csrc/wgmma_ws_gemm.cuh): one linear timed whole and with one part of
-its work left out (B12X_WS_ABLATE: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight copies;
-16 the wgmmas read through 128-byte-swizzle descriptors, 32 the waits without their deadlock bound (no timer
-reads), 64 the decoder's proxy fence; the results are wrong then, so nothing is checked), beside
-bf16 F.linear and the register-A wgmma form on the same shape in the same run. Needs an sm_90 GPU.
+its work changed or left out (B12X_WS_ABLATE, bits: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the
+weight copies, 16 the wgmmas read through 128-byte-swizzle descriptors, 32 the waits lose their deadlock bound (no
+timer reads), 64 the decoder's proxy fence, 128 the fences before ring refills; the results are then wrong, except
+under 32 and 128, so nothing is checked), beside bf16 F.linear and the register-A wgmma form on the same shape in the
+same run. Needs an sm_90 GPU.
 
     python benchmarks/ws_ablation.py --out ws_ablation.json [--shape 28672x4096] [--fmt NVFP4] [--ms 128,1024]
 
@@ -26,7 +27,8 @@ from b12x_core.tensor_core import gemm, wgmma
 MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight copies": 8,
          "copies only": 1 | 2, "decode only": 2 | 4, "wgmma only": 1 | 4 | 8, "swizzled reads": 16,
          "swizzled wgmma only": 16 | 1 | 4 | 8, "unbounded waits": 32, "unbounded copies only": 32 | 1 | 2,
-         "unbounded wgmma only": 32 | 1 | 4 | 8, "no A fence": 64, "unbounded, no A fence": 32 | 64}  # fmt: skip
+         "unbounded wgmma only": 32 | 1 | 4 | 8, "no A fence": 64, "no refill fences": 128,
+         "unbounded, no refill fences": 32 | 128, "unbounded, no fences": 32 | 64 | 128}  # fmt: skip
 
 
 def main() -> None:

@@ -26,16 +26,20 @@
 // A and the staged x agree on it, so the product is the GEMM's. Stages are 64 columns (FP4's 128-column chunk is two):
 // x at 256 tokens takes 32 KB and A 16 KB, so 4-6 x stages, 4 A stages and 3 raw chunks fit 227 KB, one CTA an SM
 // (384 threads, at most 168 registers: 128 accumulators a multiplying thread at 256 tokens).
-// `ablate` (0 in every real call; B12X_WS_ABLATE, for profiling only: the results are wrong) leaves out one part of the
-// work so a timing shows what bounds the kernel: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the weight
-// copies; 16 reads both operands through 128-byte-swizzle descriptors (8-row atoms of 1 KB; the bytes are not laid
-// out for it, so only the timing means anything): what the no-swizzle layout costs the wgmmas; 32 waits on the
-// mbarriers without the deadlock bound (bar_wait: no %globaltimer read after a failed try; a wait that fails once
-// reads that timer, whose latency every such wait would add to the pipeline); 64 leaves out the decoder's
-// fence.proxy.async per stage.
+// `ablate` (B12X_WS_ABLATE; profiling only, NVFP4's linear form only) runs ABL, an instance of its own, so the real
+// kernels carry no branch for it: a branch around the wgmmas made ptxas commit an empty wgmma group every stage
+// (C7519), so that wgmma.wait_group 1 waited for the stage's own wgmmas. Its bits leave out or change one part of the
+// work, so a timing shows what bounds the kernel (the results are wrong, except under 32 and 128): 1 the decode and A
+// stores, 2 the wgmmas, 4 the x copies, 8 the weight copies; 16 reads both operands through 128-byte-swizzle
+// descriptors (8-row atoms of 1 KB; the bytes are not laid out for it: only the timing means anything); 32 waits
+// without the deadlock bound (bar_wait: no %globaltimer read after a failed try); 64 leaves out the decoder's
+// fence.proxy.async per stage; 128 the proxy fences before the ring refills (the weights' after their generic
+// reads, x's after the wgmmas' reads).
 // Formats as wgmma_gemm.cu (no per-chunk fp32 scale). The grouped form (a fused MoE's GEMMs over the block table of
 // 8·mt-slot blocks, GROUPED) differs as wgmma_gemm.cu's: one CTA per table block, the block's expert's weights, the
 // slots' input rows gathered by stage_x_grouped_kernel, the slots' output rows in store_tile.
+#include <type_traits>
+
 #include "wgmma_common.cuh"
 
 namespace b12x {
@@ -66,11 +70,12 @@ struct Shape {
 };
 
 // grid (token tiles, or table blocks when GROUPED, K splits, 128-row blocks), as wgmma_gemm_kernel's.
-template <class F, int MT, bool GROUPED = false>
+template <class F, int MT, bool GROUPED = false, bool ABL = false>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaParams p, const uint8_t* staged,
                                                                       int ablate) {
 #ifdef B12X_WGMMA_DEVICE
   static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this kernel does not keep");
+  const int abl = ABL ? ablate : 0;  // constant 0 in the real kernels: every ablation branch folds away
   using Sh = Shape<F, MT>;
   constexpr int TOK = Sh::TOK, H = Sh::H, SX = Sh::SX, SA = Sh::SA, R = Sh::R;
   constexpr int SLOT = slot_bytes<F>();
@@ -102,8 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
   // its barrier publishes the mbarriers; a table block with nothing for this CTA returns (uniformly)
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
   if (expert < 0) return;
-  auto wait = [ablate](uint64_t* bar, uint32_t parity) {
-    if (ablate & 32) bar_wait(bar, parity);
+  auto wait = [abl](uint64_t* bar, uint32_t parity) {
+    if (abl & 32) bar_wait(bar, parity);
     else bar_wait_bounded(bar, parity);
   };
 
@@ -123,8 +128,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       if (i >= chunks) return;
       const int st = i % R, c = c_begin + i;
       uint64_t* bar = &raw_full[w][st];
-      fence_proxy_async();  // this stage's earlier generic reads (R chunks ago) before the async writes
-      if (ablate & 8) {
+      // this stage's earlier generic reads (R chunks ago) before the async writes (CUTLASS orders this case by the
+      // mbarriers alone: mode 128 times it without)
+      if (!(abl & 128)) fence_proxy_async();
+      if (abl & 8) {
         bar_arrive_expect(bar, 0);
         return;
       }
@@ -165,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         uint8_t* a = aring + as * kABytes + (2 * w) * 256 + 16 * q + 4 * t;  // row group 2w, this lane's 4 bytes
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if (r >= live || (ablate & 1)) continue;
+          if (r >= live || (abl & 1)) continue;
           static_for<GPS>([&](auto Gc) {
             constexpr int G = decltype(Gc)::value, g = h * GPS + G;
             uint32_t lo[4], hi[4];  // rows q and q + 8: the A fragments of steps 2G and 2G + 1
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
             }
           });
         }
-        if (!(ablate & 64)) fence_proxy_async();  // the generic writes before the wgmmas' async-proxy reads
+        if (!(abl & 64)) fence_proxy_async();  // the generic writes before the wgmmas' async-proxy reads
         bar_arrive(&a_full[as]);
       });
     }
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
     const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
     const int g0 = mtile * MT;                                    // the CTA's first
     // only the staged groups: token columns past them are never stored, so whatever the stage held there is harmless
-    const uint32_t x_bytes = (ablate & 4) ? 0u : uint32_t(min(Sh::XB, max(0, (groups - g0) * kXGroup)));
+    const uint32_t x_bytes = (abl & 4) ? 0u : uint32_t(min(Sh::XB, max(0, (groups - g0) * kXGroup)));
     const uint64_t x_policy = l2_policy_last();  // every 128-row block of CTAs re-reads x
     auto fetch = [&](int s) {  // stage s of the split into x stage s % SX (the leader)
       if (s >= stages) return;
@@ -212,22 +219,26 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
       wait(&a_full[as], (s / SA) & 1);
       fence_operands(d);
       wg_fence();
-      const uint32_t xa = smem_addr(xring + xst * Sh::XB), aa = smem_addr(aring + (as * 2 * kSteps + u * kSteps) * kHalfA);
-      if (ablate & 16) {
+      const uint32_t xa = smem_addr(xring + xst * Sh::XB);
+      const uint32_t aa = smem_addr(aring + (as * 2 * kSteps + u * kSteps) * kHalfA);  // stage as, row half u
+      if (abl & 16) {
         // 128-byte swizzle, K-major: start | LBO 16 (unused) | SBO 1024 (8-row atoms) | mode 1 << 62; k16 = 32 bytes
         const uint64_t sw = (uint64_t(1) << 62) | (desc_field(1024) << 32) | (desc_field(16) << 16);
         static_for<kSteps>([&](auto Kc) {
           constexpr int k = decltype(Kc)::value;
           mma_ss<TOK>(d, sw | desc_field(aa + k * 32), sw | desc_field(xa + k * 32));
         });
-      } else if (!(ablate & 2))
+        wg_commit();
+        wg_wait<1>();
+      } else if (!(abl & 2)) {  // (each branch commits its own group: no empty group where no wgmma was issued)
         static_for<kSteps>([&](auto Kc) {
           constexpr int k = decltype(Kc)::value;
           // A: row groups 256 apart, K halves 128; x: token groups kXGroup apart, K halves 128
           mma_ss<TOK>(d, smem_desc<256>(aa + k * kHalfA), smem_desc<kXGroup>(xa + k * 256));
         });
-      wg_commit();
-      wg_wait<1>();  // stage s - 1's wgmmas are done: release its A and x
+        wg_commit();
+        wg_wait<1>();  // stage s - 1's wgmmas are done: release its A and x
+      }
       fence_operands(d);
       if (s > 0) {
         const int prev = s - 1;
@@ -235,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         bar_arrive(&x_empty[prev % SX]);
         if (leader && prev + SX < stages) {
           wait(&x_empty[prev % SX], (prev / SX) & 1);
-          fence_proxy_async();
+          if (!(abl & 128)) fence_proxy_async();  // (its readers were wgmmas, async proxy themselves)
           fetch(prev + SX);
         }
       }
@@ -264,6 +275,9 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, int ablate, cudaStream_t
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   auto kernel = grouped ? wgmma_ws_gemm_kernel<F, MT, true> : wgmma_ws_gemm_kernel<F, MT, false>;
+  if constexpr (std::is_same_v<F, FmtFP4<true>>) {  // the profiling instance (NVFP4's linear form only)
+    if (ablate && !grouped) kernel = wgmma_ws_gemm_kernel<F, MT, false, true>;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::BYTES);
   if (err != cudaSuccess) return err;
   const int mtiles = grouped ? p.blocks : (p.M + Sh::TOK - 1) / Sh::TOK;  // grouped: one CTA per table block
