@@ -4,6 +4,7 @@
 #   bash tools/gpu_tests.sh --fast [pytest args]   the fast tier: sm_90 build, every backend × format it serves
 #                                                  once (tests marked fast), ≈3 minutes on an H200
 #   bash tools/gpu_tests.sh [pytest args]          the full matrix, sharded over pytest-xdist workers
+#   bash tools/gpu_tests.sh tests/x.py::test_y ...  only those tests (paths given replace the default set)
 # B12X_CUDA_ARCHS (default: 90 for --fast, every architecture otherwise), B12X_GPU_WORKERS (default 12),
 # B12X_TEST_TIMES=FILE (each test's seconds as it finishes), B12X_WHEEL (tools/device_env.sh) pass through.
 set -euo pipefail
@@ -24,5 +25,12 @@ workers=()
 if python3 -c "import xdist" 2>/dev/null; then
   workers=(-n "${B12X_GPU_WORKERS:-12}")  # tests, not files, go to workers: four files hold 90% of them
 fi
-python3 -m pytest -m "$marker" -q -p no:cacheprovider "${workers[@]}" tests/kernels tests/core "$@"
+# Test paths among the arguments replace the default set (tests/kernels tests/core); tests/conftest.py starts the
+# longest files first.
+options=() paths=()
+for arg in "$@"; do
+  if [[ "$arg" == tests/* ]]; then paths+=("$arg"); else options+=("$arg"); fi
+done
+[ ${#paths[@]} -gt 0 ] || paths=(tests/kernels tests/core)
+python3 -m pytest -m "$marker" -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} "${paths[@]}" ${options[@]+"${options[@]}"}
 echo "gpu tests ($marker): $(( $(date +%s) - start )) s"
