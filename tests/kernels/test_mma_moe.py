@@ -29,7 +29,17 @@ from b12x_core.tensor_core import layout as mma_layout
 
 pytest.importorskip("triton")
 
-from test_moe_tiles import ACTIVATIONS, CASES, H200, alone, bf16_weights, experts, problem, quantizer_flips  # noqa: E402
+from test_moe_tiles import (  # noqa: E402
+    ACTIVATIONS,
+    CASES,
+    H200,
+    alone,
+    bf16_weights,
+    experts,
+    prepared_on_cuda,
+    problem,
+    quantizer_flips,
+)
 
 MOE_FORMATS = sorted({fmt for fmt, _ in CASES})
 
@@ -217,7 +227,7 @@ def _gpu_plan(rng, fmt, act_format, activation, order, t, e=8, h=512):
     inter = 256 if bf.spec(fmt).packing == "ggml" else 192
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=e, h=h, inter=inter, t=t, top_k=2)
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
-    gpu = alone(bc.prepare_moe(w13, w2, device="cuda", **kw), w13, w2, backend=TensorCoreMoE)
+    gpu = alone(prepared_on_cuda(w13, w2, **kw), w13, w2, backend=TensorCoreMoE)
     return gpu, kernel_reference(bc.prepare_moe(w13, w2, **kw), gpu.rows[0].backend), (x, weights, ids)
 
 

@@ -11,6 +11,8 @@ rounding of d·q for Q8_0 and IQ2, which two chained GEMMs would otherwise ampli
 from __future__ import annotations
 
 import dataclasses
+import functools
+import unittest.mock
 
 import numpy as np
 import pytest
@@ -36,7 +38,21 @@ CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
 ACTIVATIONS = [("silu", "gate_up"), ("silu", "up_gate"), ("relu2", "gate_up")]
 
 
+def random_iq2_experts(rng, fmt, e, n, k) -> bf.QuantizedWeight:
+    """Valid IQ2 blocks from random bytes: every grid index, sign pattern and sub-block scale is a code the kernels
+    must decode, so random bytes meet all of them (the IQ2 search on the host took most of the GPU suite's MoE time,
+    30-55 s a test). Each block's fp16 d is drawn so the weights come out near N(0, 1/k), as quantized ones: random
+    blocks decode to an RMS of about 55·d."""
+    spec = bf.spec(fmt)
+    blocks = rng.integers(0, 256, size=(e, n, k // spec.group_size, spec.block_bytes), dtype=np.uint8)
+    d = rng.uniform(0.5, 1.5, size=blocks.shape[:-1]) / (55.0 * np.sqrt(k))
+    blocks[..., :2] = d.astype(np.float16)[..., None].view(np.uint8)
+    return bf.QuantizedWeight.from_tensors(fmt, {"weight": blocks})
+
+
 def experts(rng, fmt, e, n, k, input_scale=None):
+    if fmt.startswith("IQ2"):
+        return random_iq2_experts(rng, fmt, e, n, k)
     qw = bf.quantize((rng.standard_normal((e, n, k)) / np.sqrt(k)).astype(np.float32), fmt)
     if input_scale is not None:
         qw = bf.QuantizedWeight.from_tensors(fmt, {**qw.tensors, "input_scale": np.full(e, input_scale, np.float32)})
@@ -148,6 +164,13 @@ def test_routing_kernel_matches_torch_tables(rng, tokens, top_k, experts, rows_p
     assert torch.equal(fused[2][work], ref[2][work]) and torch.equal(fused[3][work], ref[3][work])
 
 
+def prepared_on_cuda(w13, w2, **kw):
+    """bc.prepare_moe on the GPU without warming its dispatched plan: the tests that take this build the backend they
+    test alone (`alone`), so a compile and a run of every dispatched row up to max_tokens was wasted work."""
+    with unittest.mock.patch.object(plan, "build", functools.partial(plan.build, warm=False)):
+        return bc.prepare_moe(w13, w2, device="cuda", **kw)
+
+
 def alone(p, w13, w2, device_info=None, backend=TritonMoE):
     """A plan of one MoE backend (the Triton one unless told) alone for a prepared MoE's query (on
     `device_info`: another device's SM count and shared memory), unwarmed."""
@@ -233,7 +256,7 @@ def test_gpu_moe_matches_reference(rng, fmt, act_format, activation, order, t):
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=8, h=512, inter=inter, t=t, top_k=2)
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
     # the Triton MoE alone: the measured plans run the tensor-core MoE at these sizes (test_mma_moe.py tests it)
-    row = alone(bc.prepare_moe(w13, w2, device="cuda", **kw), w13, w2).for_tokens(t)
+    row = alone(prepared_on_cuda(w13, w2, **kw), w13, w2).for_tokens(t)
     workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
     y = row.run(x.cuda(), weights.cuda(), ids.cuda())
     ref = bf16_weights(bc.prepare_moe(w13, w2, **kw))
