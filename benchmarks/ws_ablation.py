@@ -5,7 +5,7 @@ timer reads), 64 the decoder's proxy fence, 128 the fences before ring refills; 
 under 32 and 128, so nothing is checked), beside bf16 F.linear and the register-A wgmma form on the same shape in the
 same run. Needs an sm_90 GPU.
 
-    python benchmarks/ws_ablation.py --out ws_ablation.json [--shape 28672x4096] [--fmt NVFP4] [--ms 128,1024]
+    python benchmarks/ws_ablation.py --out ws_ablation.json [--shape 28672x4096] [--ms 128,1024]
 
 Method as wgmma_linear.py: CUDA graph replays over several weight copies (beyond L2), median per call.
 """
@@ -24,6 +24,7 @@ from wgmma_linear import shard
 
 from b12x_core.tensor_core import gemm, wgmma
 
+FMT = "NVFP4"  # the kernel's ablation instance (ABL) is built for NVFP4's linear form only
 MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight copies": 8,
          "copies only": 1 | 2, "decode only": 2 | 4, "wgmma only": 1 | 4 | 8, "swizzled reads": 16,
          "swizzled wgmma only": 16 | 1 | 4 | 8, "unbounded waits": 32, "unbounded copies only": 32 | 1 | 2,
@@ -33,7 +34,6 @@ MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fmt", default="NVFP4")
     parser.add_argument("--shape", default="28672x4096")
     parser.add_argument("--ms", default="128,1024")
     parser.add_argument("--replays", type=int, default=20)
@@ -41,14 +41,14 @@ def main() -> None:
     args = parser.parse_args()
     n, k = map(int, args.shape.split("x"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    one = shard(args.fmt, n, k)
-    copies = [one] + [shard(args.fmt, n, k) for _ in range(copies_for(shard_bytes(one)) - 1)]
+    one = shard(FMT, n, k)
+    copies = [one] + [shard(FMT, n, k) for _ in range(copies_for(shard_bytes(one)) - 1)]
     dense = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(2 * n * k))]
     rows = []
     for m in map(int, args.ms.split(",")):
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        staged = torch.empty(wgmma.staged_bytes(args.fmt, m, k), dtype=torch.uint8, device="cuda")
+        staged = torch.empty(wgmma.staged_bytes(FMT, m, k), dtype=torch.uint8, device="cuda")
 
         def run(config):
             ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
@@ -59,7 +59,7 @@ def main() -> None:
             return time_graph(call, len(copies), args.replays)
 
         row = dict(m=m, bf16=time_graph(lambda i: F.linear(x, dense[i]), len(dense), args.replays))
-        slots = {mt: wgmma.slots(args.fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
+        slots = {mt: wgmma.slots(FMT, mt, sms, True) for mt in wgmma.TOKEN_TILES}
         row["register_a"] = {
             mt: run(wgmma.default_config(m, n, one.chunks, slots.get, mt))
             for mt in wgmma.TOKEN_TILES
@@ -72,13 +72,13 @@ def main() -> None:
                 row.setdefault(f"ws mt={mt}", {})[name] = run(config)
             os.environ.pop("B12X_WS_ABLATE")
         rows.append(row)
-        print(f"M={m} {args.fmt} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
+        print(f"M={m} {FMT} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
               + " ".join(f"mt{mt}:{t:.1f}" for mt, t in row["register_a"].items()))  # fmt: skip
         for key, modes in row.items():
             if key.startswith("ws"):
                 print(f"  {key}: " + " | ".join(f"{name} {t:.1f}" for name, t in modes.items()), flush=True)
     with open(args.out, "w") as f:
-        json.dump({**device_facts(), "fmt": args.fmt, "shape": [n, k], "rows": rows}, f, indent=1)
+        json.dump({**device_facts(), "fmt": FMT, "shape": [n, k], "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
