@@ -2,8 +2,8 @@
 its work changed or left out (B12X_WS_ABLATE, bits: 1 the decode and A stores, 2 the wgmmas, 4 the x copies, 8 the
 weight copies, 16 the wgmmas read through 128-byte-swizzle descriptors, 32 the waits lose their deadlock bound (no
 timer reads), 64 the decoder's proxy fence, 128 the fences before ring refills; the results are then wrong, except
-under 32 and 128, so nothing is checked), beside bf16 F.linear and the register-A wgmma form on the same shape in the
-same run. Needs an sm_90 GPU.
+under 32 and 128, which are checked against the register-A kernel), beside bf16 F.linear and the register-A wgmma
+form on the same shape in the same run. Needs an sm_90 GPU.
 
     python benchmarks/ws_ablation.py --out ws_ablation.json [--shape 28672x4096] [--ms 128,1024]
 
@@ -24,6 +24,7 @@ from wgmma_linear import shard
 
 from b12x_core.tensor_core import gemm, wgmma
 
+CORRECT = (0, 32, 128, 32 | 128)  # modes whose results stay right: checked against the register-A kernel
 FMT = "NVFP4"  # the kernel's ablation instance (ABL) is built for NVFP4's linear form only
 MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight copies": 8,
          "copies only": 1 | 2, "decode only": 2 | 4, "wgmma only": 1 | 4 | 8, "swizzled reads": 16,
@@ -65,11 +66,20 @@ def main() -> None:
             for mt in wgmma.TOKEN_TILES
             if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)
         }
+        # the last copy through the register-A kernel: what the modes that keep results right must give
+        best = min(row["register_a"], key=row["register_a"].get)
+        expect, best_config = torch.empty_like(y), wgmma.default_config(m, n, one.chunks, slots.get, best)
+        ws = gemm.MmaWorkspace.create(m, n, best_config.splits, best_config.mt, "cuda")
+        wgmma.run(x, [copies[-1]], expect, None, best_config, ws, staged, torch.cuda.current_stream().cuda_stream)
         for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
             config = wgmma.ws_config(m, n, one.chunks, sms, mt)
             for name, mode in MODES.items():
                 os.environ["B12X_WS_ABLATE"] = str(mode)  # read by the launch, baked into the captured graph
+                y.fill_(float("nan"))  # a mode that leaves outputs unwritten shows as inf below
                 row.setdefault(f"ws mt={mt}", {})[name] = run(config)
+                if mode in CORRECT:  # the replays end on the last copy
+                    err = ((y.float() - expect.float()).abs().max() / expect.float().abs().max()).item()
+                    row.setdefault(f"check mt={mt}", {})[name] = err if err == err else float("inf")
             os.environ.pop("B12X_WS_ABLATE")
         rows.append(row)
         print(f"M={m} {FMT} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
@@ -77,6 +87,9 @@ def main() -> None:
         for key, modes in row.items():
             if key.startswith("ws"):
                 print(f"  {key}: " + " | ".join(f"{name} {t:.1f}" for name, t in modes.items()), flush=True)
+            if key.startswith("check"):
+                print(f"  {key} (max |Δ| / max |y| against register-A): "
+                      + " | ".join(f"{name} {e:.1e}" for name, e in modes.items()), flush=True)  # fmt: skip
     with open(args.out, "w") as f:
         json.dump({**device_facts(), "fmt": FMT, "shape": [n, k], "rows": rows}, f, indent=1)
 
