@@ -42,6 +42,12 @@ def shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
     return s
 
 
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |y - ref| / max |ref|; inf where y holds a NaN (an output never written, or wrong)."""
+    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+    return err if err == err else float("inf")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--formats", default=FORMATS)
@@ -123,8 +129,7 @@ def main() -> None:
                     for mt in tile_configs:
                         y = torch.full_like(ref, float("nan"))
                         wgmma.run(xs[s.k], [s], y, None, tile_configs[mt][j], tile_wss[mt][j], staged, stream)
-                        err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
-                        worst = max(worst, err if err == err else float("inf"))
+                        worst = max(worst, relative_error(y, ref))
                 return worst
 
             check = check_against_mma(wconfigs, wwss)

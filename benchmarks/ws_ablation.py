@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from decode_linear import copies_for, device_facts, time_graph
 from mma_linear import shard_bytes
-from wgmma_linear import shard
+from wgmma_linear import relative_error, shard
 
 from b12x_core.tensor_core import gemm, wgmma
 
@@ -51,13 +51,14 @@ def main() -> None:
         y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         staged = torch.empty(wgmma.staged_bytes(FMT, m, k), dtype=torch.uint8, device="cuda")
 
-        def run(config):
+        def launcher(config, out):
+            """fn(i): copy i through the wgmma GEMM under `config` into `out`."""
             ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+            return lambda i: wgmma.run(x, [copies[i]], out, None, config, ws, staged,
+                                       torch.cuda.current_stream().cuda_stream)  # fmt: skip
 
-            def call(i):
-                wgmma.run(x, [copies[i]], y, None, config, ws, staged, torch.cuda.current_stream().cuda_stream)
-
-            return time_graph(call, len(copies), args.replays)
+        def run(config):
+            return time_graph(launcher(config, y), len(copies), args.replays)
 
         row = dict(m=m, bf16=time_graph(lambda i: F.linear(x, dense[i]), len(dense), args.replays))
         slots = {mt: wgmma.slots(FMT, mt, sms, True) for mt in wgmma.TOKEN_TILES}
@@ -68,9 +69,8 @@ def main() -> None:
         }
         # the last copy through the register-A kernel: what the modes that keep results right must give
         best = min(row["register_a"], key=row["register_a"].get)
-        expect, best_config = torch.empty_like(y), wgmma.default_config(m, n, one.chunks, slots.get, best)
-        ws = gemm.MmaWorkspace.create(m, n, best_config.splits, best_config.mt, "cuda")
-        wgmma.run(x, [copies[-1]], expect, None, best_config, ws, staged, torch.cuda.current_stream().cuda_stream)
+        expect = torch.empty_like(y)
+        launcher(wgmma.default_config(m, n, one.chunks, slots.get, best), expect)(len(copies) - 1)
         for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
             config = wgmma.ws_config(m, n, one.chunks, sms, mt)
             for name, mode in MODES.items():
@@ -78,8 +78,7 @@ def main() -> None:
                 y.fill_(float("nan"))  # a mode that leaves outputs unwritten shows as inf below
                 row.setdefault(f"ws mt={mt}", {})[name] = run(config)
                 if mode in CORRECT:  # the replays end on the last copy
-                    err = ((y.float() - expect.float()).abs().max() / expect.float().abs().max()).item()
-                    row.setdefault(f"check mt={mt}", {})[name] = err if err == err else float("inf")
+                    row.setdefault(f"check mt={mt}", {})[name] = relative_error(y, expect)
             os.environ.pop("B12X_WS_ABLATE")
         rows.append(row)
         print(f"M={m} {FMT} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
