@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_gemm_kernel(const MmaPar
         });
         wg_commit();
         wg_wait<1>();
-      } else if (!(abl & 2)) {  // (each branch commits its own group: no empty group where no wgmma was issued)
+      } else if (!(abl & 2)) {  // each branch commits its own group (no empty group where no wgmma was issued);
+        // one loop selecting the descriptors by `abl` made ptxas fence and commit every wgmma alone (C7519)
         static_for<kSteps>([&](auto Kc) {
           constexpr int k = decltype(Kc)::value;
           // A: row groups 256 apart, K halves 128; x: token groups kXGroup apart, K halves 128
