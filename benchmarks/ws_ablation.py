@@ -30,7 +30,10 @@ MODES = {"whole": 0, "no decode": 1, "no wgmma": 2, "no x copies": 4, "no weight
          "copies only": 1 | 2, "decode only": 2 | 4, "wgmma only": 1 | 4 | 8, "swizzled reads": 16,
          "swizzled wgmma only": 16 | 1 | 4 | 8, "unbounded waits": 32, "unbounded copies only": 32 | 1 | 2,
          "unbounded wgmma only": 32 | 1 | 4 | 8, "no A fence": 64, "no refill fences": 128,
-         "unbounded, no refill fences": 32 | 128, "unbounded, no fences": 32 | 64 | 128}  # fmt: skip
+         "unbounded, no refill fences": 32 | 128, "unbounded, no fences": 32 | 64 | 128,
+         "skeleton": 1 | 2 | 4 | 8, "unbounded skeleton": 32 | 1 | 2 | 4 | 8}  # fmt: skip
+# with the K split of one (no partials, no reduction): what the split-K epilogue costs where the plan splits
+SPLIT_ONE = ("whole", "unbounded waits", "copies only", "wgmma only", "skeleton")
 
 
 def main() -> None:
@@ -73,18 +76,25 @@ def main() -> None:
         launcher(wgmma.default_config(m, n, one.chunks, slots.get, best), expect)(len(copies) - 1)
         for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
             config = wgmma.ws_config(m, n, one.chunks, sms, mt)
-            for name, mode in MODES.items():
-                os.environ["B12X_WS_ABLATE"] = str(mode)  # read by the launch, baked into the captured graph
-                y.fill_(float("nan"))  # a mode that leaves outputs unwritten shows as inf below
-                row.setdefault(f"ws mt={mt}", {})[name] = run(config)
-                if mode in CORRECT:  # the replays end on the last copy
-                    row.setdefault(f"check mt={mt}", {})[name] = relative_error(y, expect)
+            variants = [(f"mt={mt} splits={config.splits}", config, MODES)]
+            if config.splits > 1:
+                one_split = gemm.MmaConfig(mt, 1, rt=2)
+                variants.append((f"mt={mt} splits=1", one_split, {k: MODES[k] for k in SPLIT_ONE}))
+                if mt in wgmma.TOKEN_TILES:  # the register-A kernel's tiles stop at 128 tokens
+                    row.setdefault("register_a splits=1", {})[mt] = run(gemm.MmaConfig(mt, 1))
+            for label, cfg, modes in variants:
+                for name, mode in modes.items():
+                    os.environ["B12X_WS_ABLATE"] = str(mode)  # read by the launch, baked into the captured graph
+                    y.fill_(float("nan"))  # a mode that leaves outputs unwritten shows as inf below
+                    row.setdefault(f"ws {label}", {})[name] = run(cfg)
+                    if mode in CORRECT:  # the replays end on the last copy
+                        row.setdefault(f"check {label}", {})[name] = relative_error(y, expect)
             os.environ.pop("B12X_WS_ABLATE")
         rows.append(row)
         print(f"M={m} {FMT} {n}x{k}: bf16 {row['bf16']:.1f} µs | register-A "
               + " ".join(f"mt{mt}:{t:.1f}" for mt, t in row["register_a"].items()))  # fmt: skip
         for key, modes in row.items():
-            if key.startswith("ws"):
+            if key.startswith("ws") or key == "register_a splits=1":
                 print(f"  {key}: " + " | ".join(f"{name} {t:.1f}" for name, t in modes.items()), flush=True)
             if key.startswith("check"):
                 print(f"  {key} (max |Δ| / max |y| against register-A): "

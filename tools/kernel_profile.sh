@@ -6,7 +6,8 @@
 #   bash tools/kernel_profile.sh OUT
 # Steps are skipped by SKIP="tests bench ablate sweep ncu decode model sanitize"; TESTS, BENCH, ABLATE, SWEEP, NCU_WGMMA,
 # NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
-# ablation mode. (ablate: benchmarks/ws_ablation.py, the warp-specialized
+# ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
+# the warps stall, by source line). (ablate: benchmarks/ws_ablation.py, the warp-specialized
 # kernel without each part of its work.) The device returns at most 8 files: everything but the wheel is packed into
 # OUT/results.tar.gz at the end.
 set -uo pipefail
@@ -48,12 +49,12 @@ if ! skip sweep; then
   say "sweep: exit $?"; grep -E "^M=" "$out/sweep.log" | cut -c1-150
 fi
 if ! skip ncu; then
-  timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 --section SpeedOfLight \
+  timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WGMMA:-NVFP4:28672x4096:1024:16:1} \
     > "$out/ncu_wgmma.log" 2>&1
   say "ncu wgmma: exit $?"
-  timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 --section SpeedOfLight \
+  timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
     > "$out/ncu_ws.log" 2>&1

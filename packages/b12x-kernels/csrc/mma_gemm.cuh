@@ -461,19 +461,52 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // The sums, in split order (deterministic). The loads of SB splits × JB token groups of the thread's accumulators
+  // are issued before any of them is added: a loop over the splits inside each accumulator's waited one L2 round
+  // trip per accumulator and split, and the last CTA of an output tile held its SM that long (tens of µs at 128
+  // tokens: Nsight Compute, 2026-12-02). At most 32 loads in flight a thread: more spill where the launch bounds cap
+  // the registers (the one-token tiles, the warp-specialized kernel's 256-token tiles). acc is dead here (its values
+  // are in the partials), so only the sums of one block of token groups are live.
+  constexpr int JB = RT * MT * 4 <= 32 ? MT : 32 / (RT * 4);
+  constexpr int SB = 32 / (RT * JB * 4) > 0 ? 32 / (RT * JB * 4) : 1;
+  static_assert(MT % JB == 0, "whole blocks of token groups");
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
+  for (int j0 = 0; j0 < MT; j0 += JB) {
+    float v[RT][JB][4];
 #pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      float v[4];
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = 0.f;
-        if (!in_range(r, j, e)) continue;
-        for (int s = 0; s < p.splits; ++s) v[e] += __ldcg(p.partials + part_index(s, r, j, e));  // split order
-      }
-      finish(r, j, v);
+      for (int jj = 0; jj < JB; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[r][jj][e] = 0.f;
+    for (int s0 = 0; s0 < p.splits; s0 += SB) {
+      float part[RT][JB][4][SB];
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int b = 0; b < SB; ++b)
+              part[r][jj][e][b] = s0 + b < p.splits && in_range(r, j0 + jj, e)
+                                      ? __ldcg(p.partials + part_index(s0 + b, r, j0 + jj, e))
+                                      : 0.f;
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int b = 0; b < SB; ++b)
+              if (s0 + b < p.splits) v[r][jj][e] += part[r][jj][e][b];
     }
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int jj = 0; jj < JB; ++jj) finish(r, j0 + jj, v[r][jj]);
+  }
   if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
 }
 
