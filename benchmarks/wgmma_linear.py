@@ -94,7 +94,8 @@ def main() -> None:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
             slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
-            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
+            share = {k: gemm.split_share(fmt, m, k) for k in xs}  # what a K split's partials cost (the plans' rule)
+            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, split_share=share[s.k]) for s in one_layer]
             wss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs,
                                                                                          strict=True)]  # fmt: skip
 
@@ -106,7 +107,7 @@ def main() -> None:
 
             tiles = [mt for mt in wgmma.TOKEN_TILES if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
             wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
-            wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt) for s in one_layer]
+            wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt, share[s.k]) for s in one_layer]
                         for mt in tiles}  # fmt: skip
             wwss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
                                                                                                  strict=True)]
@@ -135,14 +136,31 @@ def main() -> None:
             check = check_against_mma(wconfigs, wwss)
             # the warp-specialized form (rt = 2): token tiles of 64-256 that M fills at least half of, one CTA an SM
             ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if m >= 32 and args.ws else []
-            ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt) for s in one_layer] for mt in ws_tiles}
+            ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt, share[s.k]) for s in one_layer]
+                          for mt in ws_tiles}  # fmt: skip
             ws_wss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
                                                                                                    strict=True)]
                       for mt, cs in ws_configs.items()}  # fmt: skip
             ws_check = check_against_mma(ws_configs, ws_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
-            rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3))
+            # and under the split rule without the partials' cost (before 2026-12-02's change), this run
+            mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
+            t_mma_unweighted = None
+            if [c.splits for c in mma_unweighted] != [c.splits for c in configs]:
+                mma_uwss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
+                            for s, c in zip(one_layer, mma_unweighted, strict=True)]  # fmt: skip
+                t_mma_unweighted = time_graph(lambda i: mma_layer(i, mma_unweighted, mma_uwss), len(layers),
+                                              args.replays)  # fmt: skip
+            rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3,
+                             unweighted_split_us=t_mma_unweighted,
+                             unweighted_splits=[c.splits for c in mma_unweighted]))  # fmt: skip
+            if t_mma_unweighted:
+                print(
+                    f"M={m:<4} {fmt:<6} mma {t_mma:8.1f} µs [{label}], unweighted splits "
+                    f"{' '.join(str(c.splits) for c in mma_unweighted)}: {t_mma_unweighted:8.1f} µs",
+                    flush=True,
+                )
             per_nt = {}
             for mt in tiles:
                 per_nt[mt] = time_graph(lambda i, mt=mt: wgmma_layer(i, wconfigs[mt], wwss[mt]), len(layers),
@@ -150,12 +168,21 @@ def main() -> None:
             best = min(per_nt, key=per_nt.get)
             t_w = per_nt[best]
             wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
+            # the same tile under the split rule without the partials' cost (before 2026-12-02's change), this run
+            unweighted = [wgmma.default_config(m, s.n, s.chunks, wslots.get, best) for s in one_layer]
+            t_unweighted = None
+            if [c.splits for c in unweighted] != [c.splits for c in wconfigs[best]]:
+                uwss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
+                        for s, c in zip(one_layer, unweighted, strict=True)]  # fmt: skip
+                t_unweighted = time_graph(lambda i: wgmma_layer(i, unweighted, uwss), len(layers), args.replays)
             rows.append(dict(m=m, format=fmt, kernel="wgmma", config=wlabel, us=t_w, gbs=nbytes / t_w / 1e3,
-                             per_nt_us=per_nt, check=check))  # fmt: skip
+                             per_nt_us=per_nt, check=check, unweighted_split_us=t_unweighted,
+                             unweighted_splits=[c.splits for c in unweighted]))  # fmt: skip
             print(f"M={m:<4} {fmt:<6} bf16 {base[m]:8.1f} µs | mma {t_mma:8.1f} µs [{label}] | wgmma {t_w:8.1f} µs "
                   f"[{wlabel}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
-                  + f" | check {check:.1e}", flush=True)  # fmt: skip
+                  + f" | check {check:.1e}"
+                  + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else ""), flush=True)  # fmt: skip
             if ws_tiles:
                 per_ws = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, ws_configs[mt], ws_wss[mt]), len(layers),
                                          args.replays)

@@ -75,7 +75,7 @@ def main() -> None:
         expect = torch.empty_like(y)
         launcher(wgmma.default_config(m, n, one.chunks, slots.get, best), expect)(len(copies) - 1)
         for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
-            config = wgmma.ws_config(m, n, one.chunks, sms, mt)
+            config = wgmma.ws_config(m, n, one.chunks, sms, mt, gemm.split_share(FMT, m, k))
             variants = [(f"mt={mt} splits={config.splits}", config, MODES)]
             if config.splits > 1:
                 one_split = gemm.MmaConfig(mt, 1, rt=2)

@@ -55,7 +55,8 @@ class TensorCoreGemm(Backend):
         slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
 
         def config_of(m: int) -> dict:
-            c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms)
+            c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
+                                    split_share=gemm.split_share(q.format, m, q.k))  # fmt: skip
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
         return config_ranges(lo, hi, config_of)

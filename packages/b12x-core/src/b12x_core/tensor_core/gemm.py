@@ -118,15 +118,25 @@ STREAMING_CTAS_PER_SM = 2
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
-                   sms: int = 0) -> MmaConfig:  # fmt: skip
+                   sms: int = 0, split_share: float = 0.0) -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
-    per SM) in even waves (even_split), or at one-token tiles, given the SMs, one wave of STREAMING_CTAS_PER_SM
-    CTAs an SM (streaming_split)."""
+    per SM) in even waves (even_split, weighing each split's partials by `split_share`), or at one-token tiles,
+    given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM (streaming_split)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms:
         return MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
-    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits), rt)
+    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, split_share), rt)
+
+
+def split_share(fmt: str, m: int, k: int) -> float:
+    """What one more K split costs beside the weights: its fp32 partials of m rows (written, then read back by the
+    reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row). K-independent of N; grows
+    with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials took 33 µs of
+    gate_up's 124 (the H200, 2026-12-02: 91 µs unsplit; docs/performance.md)."""
+    from b12x_formats.quantized import codec_for
+
+    return 8.0 * m / (k * codec_for(fmt).spec.bits_per_weight / 8)
 
 
 def streaming_split(tiles: int, chunks: int, sms: int, max_splits: int = 16) -> int:
@@ -135,17 +145,20 @@ def streaming_split(tiles: int, chunks: int, sms: int, max_splits: int = 16) -> 
     return max(1, min(max_splits, chunks // 4, STREAMING_CTAS_PER_SM * sms // tiles))
 
 
-def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16) -> int:
+def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16, share: float = 0.0) -> int:
     """The K split whose CTAs (`tiles` output tiles × splits) fill the GPU's `slots` (SMs × CTAs per SM) in the
     most even waves: a last partial wave leaves SMs idle while it runs. Each split keeps at least 4 chunks;
-    more splits cost a little (partials written and summed), so ties take fewer; from FULL_WAVES waves on the
-    tail is small and the partials' traffic (growing with the tokens) is not, so K stays whole."""
+    more splits cost a little (partials written and summed), so ties take fewer, and a split costs its partials'
+    traffic as a share of the weight's (`share`, split_share: nothing at one token, half the weight's bytes a
+    split at 128 tokens of a 4-bit linear); from FULL_WAVES waves on the tail is small and the partials' traffic
+    (growing with the tokens) is not, so K stays whole. Costs are in units of the time of one even wave-filling pass
+    over the weight."""
     if tiles >= FULL_WAVES * slots:
         return 1
 
     def cost(splits: int) -> float:
         waves = tiles * splits / slots
-        return -(-waves // 1) / waves + 0.01 * splits
+        return -(-waves // 1) / waves + 0.01 * splits + (share * splits if splits > 1 else 0.0)
 
     candidates = range(1, max(1, min(max_splits, chunks // 4)) + 1)
     return min(candidates, key=cost)

@@ -48,20 +48,21 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
     return sms * blocks
 
 
-def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None) -> MmaConfig:
+def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0) -> MmaConfig:
     """The token tile that covers M in the fewest tiles (or the given mt), and the K split that fills the GPU
-    (gemm.even_split); `slots_of(mt)` gives the CTAs that run at once."""
+    (gemm.even_split, each split's partials weighed by `share`: gemm.split_share); `slots_of(mt)` gives the CTAs
+    that run at once."""
     mt = mt or token_tile(m)
-    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt)))
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
 
 
-def ws_config(m: int, n: int, chunks: int, sms: int, mt: int) -> MmaConfig:
+def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
     """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cuh: one decoding warpgroup feeds two multiplying ones,
     8·mt tokens per CTA, one CTA per SM) at token tile mt, with the K split that fills the GPU. No backend picks it
     yet: it has not run on a GPU."""
     if mt not in WS_TOKEN_TILES:
         raise ValueError(f"the warp-specialized form's token tile is one of {WS_TOKEN_TILES}, not {mt}")
-    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms), rt=2)
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms, share=share), rt=2)
 
 
 def staged_bytes(fmt: str, rows: int, k: int) -> int:
