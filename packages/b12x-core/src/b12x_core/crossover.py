@@ -134,14 +134,35 @@ def dumps(entries: list[Entry]) -> str:
 
 
 def merge(path: Path, new: list[Entry]) -> None:
-    """Write the table at `path` (atomically) with `new` replacing the entries of the same key (the benchmarks'
-    --emit-table: a run of some shapes or formats keeps the rest of the table)."""
+    """Write the table at `path` (atomically) with `new` merged into the entries of the same key (the benchmarks'
+    --emit-table: a run of some shapes, formats or token counts keeps the rest of the table). Within an entry, the
+    new run's times replace the old at the token counts it measured; the old entry's other token counts stay (a
+    re-measure of 16-512 tokens keeps one token's times)."""
 
     def key(e: Entry):
         return (e.op, e.capability, e.format, e.act_mode, e.shape)
 
-    fresh = {key(e) for e in new}
-    kept = [e for e in load.__wrapped__(path) if key(e) not in fresh]
+    table = {key(e): e for e in load.__wrapped__(path)}
+    for e in new:
+        table[key(e)] = merge_entry(table[key(e)], e) if key(e) in table else e
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(dumps(kept + new))
+    tmp.write_text(dumps(list(table.values())))
     tmp.replace(path)
+
+
+def merge_entry(old: Entry, new: Entry) -> Entry:
+    """`new`'s times where it measured (a token count it ran and a time, not None), `old`'s elsewhere."""
+    ms = tuple(sorted(set(old.ms) | set(new.ms)))
+
+    def at(entry: Entry, name: str, m: int):
+        times = entry.us.get(name)
+        return times[entry.ms.index(m)] if times is not None and m in entry.ms else None
+
+    us = {}
+    for name in dict.fromkeys([*new.us, *old.us]):
+        times = tuple(at(new, name, m) if at(new, name, m) is not None else at(old, name, m) for m in ms)
+        if any(t is not None for t in times):
+            us[name] = times
+    kept = [m for m in old.ms if m not in new.ms]
+    source = new.source if not kept else f"{new.source}; tokens {', '.join(map(str, kept))}: {old.source}"
+    return Entry(new.capability, new.format, new.act_mode, new.shape, ms, us, source, new.op)

@@ -1,0 +1,33 @@
+"""crossover.merge (the benchmarks' --emit-table): a run that re-measures some token counts of an entry keeps the
+entry's other token counts, and never rewrites the file in place."""
+
+from __future__ import annotations
+
+import json
+
+from b12x_core import crossover
+from b12x_core.crossover import Entry
+
+
+def entry(ms, us, source):
+    return Entry((9, 0), "NVFP4", "bf16", "4096x4096", tuple(ms), {k: tuple(v) for k, v in us.items()}, source)
+
+
+def test_a_partial_re_measure_keeps_the_other_token_counts(tmp_path):
+    path = tmp_path / "crossover.json"
+    other = Entry((9, 0), "FP8", "bf16", "4096x4096", (1,), {"tensor_core": (9.0,)}, "older")
+    old = entry([1, 16, 4096], {"tensor_core": [10.0, 20.0, 900.0], "cuda_gemv": [8.0, 40.0, None]}, "run A")
+    path.write_text(crossover.dumps([other, old]))
+    new = entry([16, 64], {"tensor_core": [15.0, 30.0], "tensor_core_wgmma": [12.0, None]}, "run B")
+    crossover.merge(path, [new])
+    merged = {e.format: e for e in crossover.load.__wrapped__(path)}
+    assert merged["FP8"] == other
+    got = merged["NVFP4"]
+    assert got.ms == (1, 16, 64, 4096)
+    assert got.us["tensor_core"] == (10.0, 15.0, 30.0, 900.0)  # run B where it measured, run A elsewhere
+    assert got.us["cuda_gemv"] == (8.0, 40.0, None, None)
+    assert got.us["tensor_core_wgmma"] == (None, 12.0, None, None)
+    assert "run B" in got.source and "run A" in got.source
+    assert got.time("tensor_core", 32) == (20.0, "interpolated")
+    assert [p.name for p in tmp_path.iterdir()] == ["crossover.json"]  # written through a temporary, then renamed
+    json.loads(path.read_text())
