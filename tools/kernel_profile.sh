@@ -7,7 +7,8 @@
 # Steps are skipped by SKIP="tests bench ablate sweep ncu decode model sanitize"; TESTS, BENCH, ABLATE, SWEEP, NCU_WGMMA,
 # NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
 # ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
-# the warps stall, by source line). (ablate: benchmarks/ws_ablation.py, the warp-specialized
+# the warps stall: a summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS
+# instruction's stall samples (ncu_source.csv). (ablate: benchmarks/ws_ablation.py, the warp-specialized
 # kernel without each part of its work.) The device returns at most 8 files: everything but the wheel is packed into
 # OUT/results.tar.gz at the end.
 set -uo pipefail
@@ -59,6 +60,17 @@ if ! skip ncu; then
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
     > "$out/ncu_ws.log" 2>&1
   say "ncu wgmma ws: exit $?"
+  if [ -n "${NCU_SOURCE:-}" ]; then
+    # where the warps stall, per SASS instruction (with its CUDA line: the build has -lineinfo): NCU_SOURCE is a
+    # kernel regex and a wgmma_profile.py case, e.g. "wgmma_gemm_kernel NVFP4:28672x4096:128:8:1". The text mode's
+    # SourceCounters section prints only a summary; the source page of the saved report has every instruction.
+    read -r src_kernel src_case <<< "$NCU_SOURCE"
+    timeout 150 ncu --clock-control none -k "regex:$src_kernel" --launch-skip 1 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/ncu_source" \
+      python3 benchmarks/wgmma_profile.py $src_case > "$out/ncu_source.log" 2>&1 &&
+      timeout 60 ncu -i "$out/ncu_source.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source.csv" 2>&1
+    say "ncu source ($src_kernel $src_case): exit $?"
+  fi
   if [ -n "${NCU_WS_ABLATE:-}" ]; then  # the same cases without parts of the work (ws_ablation.py's modes, e.g. 3)
     B12X_WS_ABLATE="$NCU_WS_ABLATE" timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
