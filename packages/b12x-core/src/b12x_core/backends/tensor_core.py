@@ -56,7 +56,7 @@ class TensorCoreGemm(Backend):
 
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
-                                    split_share=gemm.split_share(q.format, m, q.k))  # fmt: skip
+                                    share=gemm.split_share(q.format, m, q.k))  # fmt: skip
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
         return config_ranges(lo, hi, config_of)

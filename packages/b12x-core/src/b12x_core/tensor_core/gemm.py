@@ -118,20 +118,20 @@ STREAMING_CTAS_PER_SM = 2
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
-                   sms: int = 0, split_share: float = 0.0) -> MmaConfig:  # fmt: skip
+                   sms: int = 0, share: float = 0.0) -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
-    per SM) in even waves (even_split, weighing each split's partials by `split_share`), or at one-token tiles,
+    per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM (streaming_split)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms:
         return MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
-    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, split_share), rt)
+    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
 
 
 def split_share(fmt: str, m: int, k: int) -> float:
     """What one more K split costs beside the weights: its fp32 partials of m rows (written, then read back by the
-    reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row). K-independent of N; grows
+    reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row): independent of N; grows
     with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials took 33 µs of
     gate_up's 124 (the H200, 2026-12-02: 91 µs unsplit; docs/performance.md)."""
     from b12x_formats.quantized import codec_for
