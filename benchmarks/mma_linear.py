@@ -141,7 +141,8 @@ def main() -> None:
             results = []
             for rt in args.rts:
                 slots = gemm.slots(fmt, mt, "cuda", rt)
-                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms) for s in one_layer]
+                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
+                                                share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
                 results.append((timed(defaults), f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
@@ -149,7 +150,8 @@ def main() -> None:
                         (timed(filled), f"occupancy rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in filled))
                     )
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda"), sms=sms) for s in one_layer]
+                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda"), sms=sms,
+                                            share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
                 for li, s in enumerate(one_layer):
                     cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
                              for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks for rt in args.rts]  # fmt: skip
