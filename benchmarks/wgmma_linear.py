@@ -96,8 +96,21 @@ def main() -> None:
             slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
             share = {k: gemm.split_share(fmt, m, k) for k in xs}  # what a K split's partials cost (the plans' rule)
             configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k]) for s in one_layer]
-            wss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, configs,
-                                                                                         strict=True)]  # fmt: skip
+
+            def workspaces(cs, m=m, one_layer=one_layer):
+                """The scratch of one layer under configurations cs (one per linear)."""
+                pairs = zip(one_layer, cs, strict=True)
+                return [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in pairs]
+
+            def old_rule_time(old, chosen, layer):
+                """The layer under the split rule without the partials' cost (before 2026-12-02's change), this run;
+                None where that rule picks the same splits as `chosen`."""
+                if [c.splits for c in old] == [c.splits for c in chosen]:
+                    return None
+                old_wss = workspaces(old)
+                return time_graph(lambda i: layer(i, old, old_wss), len(layers), args.replays)
+
+            wss = workspaces(configs)
 
             # the stream is read per call: time_graph captures on a stream of its own
             def mma_layer(i, configs=configs, wss=wss, xs=xs, ys=ys):
@@ -109,9 +122,7 @@ def main() -> None:
             wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
             wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt, share[s.k]) for s in one_layer]
                         for mt in tiles}  # fmt: skip
-            wwss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
-                                                                                                 strict=True)]
-                    for mt, cs in wconfigs.items()}  # fmt: skip
+            wwss = {mt: workspaces(cs) for mt, cs in wconfigs.items()}
             staged = torch.empty(max(wgmma.staged_bytes(fmt, m, k) for k in xs), dtype=torch.uint8, device="cuda")
 
             def wgmma_layer(i, configs_, wss_, xs=xs, ys=ys, staged=staged):
@@ -138,20 +149,12 @@ def main() -> None:
             ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if m >= 32 and args.ws else []
             ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt, share[s.k]) for s in one_layer]
                           for mt in ws_tiles}  # fmt: skip
-            ws_wss = {mt: [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda") for s, c in zip(one_layer, cs,
-                                                                                                   strict=True)]
-                      for mt, cs in ws_configs.items()}  # fmt: skip
+            ws_wss = {mt: workspaces(cs) for mt, cs in ws_configs.items()}
             ws_check = check_against_mma(ws_configs, ws_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
-            # and under the split rule without the partials' cost (before 2026-12-02's change), this run
             mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
-            t_mma_unweighted = None
-            if [c.splits for c in mma_unweighted] != [c.splits for c in configs]:
-                mma_uwss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
-                            for s, c in zip(one_layer, mma_unweighted, strict=True)]  # fmt: skip
-                t_mma_unweighted = time_graph(lambda i: mma_layer(i, mma_unweighted, mma_uwss), len(layers),
-                                              args.replays)  # fmt: skip
+            t_mma_unweighted = old_rule_time(mma_unweighted, configs, mma_layer)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3,
                              unweighted_split_us=t_mma_unweighted,
                              unweighted_splits=[c.splits for c in mma_unweighted]))  # fmt: skip
@@ -168,13 +171,9 @@ def main() -> None:
             best = min(per_nt, key=per_nt.get)
             t_w = per_nt[best]
             wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
-            # the same tile under the split rule without the partials' cost (before 2026-12-02's change), this run
+            # the best tile under the old split rule
             unweighted = [wgmma.default_config(m, s.n, s.chunks, wslots.get, best) for s in one_layer]
-            t_unweighted = None
-            if [c.splits for c in unweighted] != [c.splits for c in wconfigs[best]]:
-                uwss = [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
-                        for s, c in zip(one_layer, unweighted, strict=True)]  # fmt: skip
-                t_unweighted = time_graph(lambda i: wgmma_layer(i, unweighted, uwss), len(layers), args.replays)
+            t_unweighted = old_rule_time(unweighted, wconfigs[best], wgmma_layer)
             rows.append(dict(m=m, format=fmt, kernel="wgmma", config=wlabel, us=t_w, gbs=nbytes / t_w / 1e3,
                              per_nt_us=per_nt, check=check, unweighted_split_us=t_unweighted,
                              unweighted_splits=[c.splits for c in unweighted]))  # fmt: skip

@@ -63,21 +63,20 @@ def main() -> None:
         def run(config):
             return time_graph(launcher(config, y), len(copies), args.replays)
 
+        share = gemm.split_share(FMT, m, k)  # the plans' K-split rule
         row = dict(m=m, bf16=time_graph(lambda i: F.linear(x, dense[i]), len(dense), args.replays))
         slots = {mt: wgmma.slots(FMT, mt, sms, True) for mt in wgmma.TOKEN_TILES}
         row["register_a"] = {
-            mt: run(wgmma.default_config(m, n, one.chunks, slots.get, mt, gemm.split_share(FMT, m, k)))
+            mt: run(wgmma.default_config(m, n, one.chunks, slots.get, mt, share))
             for mt in wgmma.TOKEN_TILES
             if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)
         }
         # the last copy through the register-A kernel: what the modes that keep results right must give
         best = min(row["register_a"], key=row["register_a"].get)
         expect = torch.empty_like(y)
-        launcher(wgmma.default_config(m, n, one.chunks, slots.get, best, gemm.split_share(FMT, m, k)), expect)(
-            len(copies) - 1
-        )
+        launcher(wgmma.default_config(m, n, one.chunks, slots.get, best, share), expect)(len(copies) - 1)
         for mt in (t for t in wgmma.WS_TOKEN_TILES if 4 * t <= max(m, 32)):
-            config = wgmma.ws_config(m, n, one.chunks, sms, mt, gemm.split_share(FMT, m, k))
+            config = wgmma.ws_config(m, n, one.chunks, sms, mt, share)
             variants = [(f"mt={mt} splits={config.splits}", config, MODES)]
             if config.splits > 1:
                 one_split = gemm.MmaConfig(mt, 1, rt=2)

@@ -160,7 +160,7 @@ def merge_entry(old: Entry, new: Entry) -> Entry:
 
     us = {}
     for name in dict.fromkeys([*new.us, *old.us]):
-        times = tuple(at(new, name, m) if at(new, name, m) is not None else at(old, name, m) for m in ms)
+        times = tuple(t if (t := at(new, name, m)) is not None else at(old, name, m) for m in ms)
         if any(t is not None for t in times):
             us[name] = times
     kept = [m for m in old.ms if m not in new.ms]
