@@ -3,7 +3,7 @@ o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, be
 torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
 
     python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
-        [--model 70b|8b]
+        [--model 70b|8b] [--pdl-ab]
 
 --model 8b takes a Llama-3.1-8B layer's linears instead (qkv 6144×4096, o 4096×4096, gate_up 28672×4096, down
 4096×14336).
@@ -12,12 +12,16 @@ Method (decode_linear.py's): one CUDA graph runs the layer on each of several we
 4× L2, so weights come from HBM), replayed many times between CUDA events; per-layer time = median replay
 time / copies. Weights are random valid codes written straight into the kernel's layout (quantizing 855 M
 weights on the host would take minutes; the kernel's time does not depend on the values). `--sweep` also times
-every token tile × K split at each M and reports the best beside the default configuration.
+every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` also times
+the default configuration launched plainly (B12X_PDL=0's argument blocks) beside programmatic dependent launch, in the
+same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
+norms and attention sit between some of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import numpy as np
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--occupancy-rule", action="store_true",
                         help="at one-token tiles also time the K splits that fill the kernel's occupancy")  # fmt: skip
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
+    parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
@@ -121,18 +126,20 @@ def main() -> None:
         one_layer = [random_shard(fmt, n, k) for _, n, k in shapes]
         nbytes = sum(shard_bytes(s) for s in one_layer)
         layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in shapes] for _ in range(copies_for(nbytes) - 1)]
+        # the same weights, launched plainly (the argument blocks B12X_PDL=0 packs)
+        plain_layers = [[dataclasses.replace(s, pdl=0, plans={}) for s in layer] for layer in layers]
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
 
-            def timed(configs):
+            def timed(configs, copies=layers):
                 wss = [
                     gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
                     for s, c in zip(one_layer, configs, strict=True)
                 ]
 
                 def layer(i):
-                    for s, c, ws in zip(layers[i], configs, wss, strict=True):
+                    for s, c, ws in zip(copies[i], configs, wss, strict=True):
                         gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
 
                 return time_graph(layer, len(layers), args.replays)
@@ -143,7 +150,10 @@ def main() -> None:
                 slots = gemm.slots(fmt, mt, "cuda", rt)
                 defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
                                                 share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
-                results.append((timed(defaults), f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)))
+                label = f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)
+                results.append((timed(defaults), label))
+                if args.pdl_ab:
+                    results.append((timed(defaults, plain_layers), f"no pdl {label}"))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

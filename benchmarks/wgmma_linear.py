@@ -32,13 +32,15 @@ from b12x_core.tensor_core import gemm, geometry, wgmma
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 FORMATS = "NVFP4,FP8"
 MS = "1,16,32,64,128,256,512,1024,4096"
-SCALE_MUL = {"FP8": 2.0**120, "NVFP4": 2.0**123}  # layout._decode_range for random_shard's scales (E4M3 ≤ 1.875)
+# layout._decode_range for random_shard's scales (NVFP4: E4M3 ≤ 1.875; MXFP8: E8M0 ≤ 2^8; Q8_0 decodes exactly)
+SCALE_MUL = {"FP8": 2.0**120, "MXFP8": 2.0**110, "NVFP4": 2.0**123, "Q8_0": 1.0}
+BIT_PATTERN_BIAS = {"FP8": 2.0**120, "MXFP8": 2.0**120, "NVFP4": 2.0**126}  # the decodes' bf16 patterns' bias
 
 
 def shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
     s = random_shard(fmt, n, k)
     s.scale_mul = SCALE_MUL[fmt]
-    s.alpha = 0.01 / s.scale_mul * (2.0**120 if fmt == "FP8" else 2.0**126)  # results of ordinary size
+    s.alpha = 0.01 / s.scale_mul * BIT_PATTERN_BIAS.get(fmt, 100.0)  # results of ordinary size
     return s
 
 

@@ -4,7 +4,8 @@
 # benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench ablate sweep ncu decode model sanitize"; TESTS, BENCH, ABLATE, SWEEP, NCU_WGMMA,
+# Steps are skipped by SKIP="tests bench ablate sweep pdl ncu decode model sanitize"; TESTS (TESTS_S: its time limit),
+# BENCH, ABLATE, SWEEP, PDL (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
 # NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
 # ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
 # the warps stall: a summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS
@@ -30,7 +31,7 @@ fi
 say "build: exit $? $(tail -1 "$out/build.log")"
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 if ! skip tests; then
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 200 ${TESTS:-tests/kernels/test_wgmma_gemm.py} \
+  timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 200 ${TESTS:-tests/kernels/test_wgmma_gemm.py} \
     > "$out/tests.log" 2>&1
   say "tests: exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$out/tests.log" | tail -15
 fi
@@ -48,6 +49,17 @@ if ! skip sweep; then
   timeout 240 python3 benchmarks/mma_linear.py --model 8b --sweep --rt 1 --out "$out/sweep.json" \
     ${SWEEP:---formats NVFP4,IQ2_XS,FP8,Q8_0 --ms 1,4 --replays 20} > "$out/sweep.log" 2>&1
   say "sweep: exit $?"; grep -E "^M=" "$out/sweep.log" | cut -c1-150
+fi
+if ! skip pdl; then  # programmatic dependent launch against plain launches, same run (mma_linear) and same call (model)
+  timeout 150 python3 benchmarks/mma_linear.py --model 8b --pdl-ab --rt 1 --out "$out/pdl_linear.json" \
+    ${PDL:---formats NVFP4,FP8,IQ2_XS --ms 1,4,16 --replays 20} > "$out/pdl_linear.log" 2>&1
+  say "pdl linear: exit $?"; grep -E "^M=" "$out/pdl_linear.log" | cut -c1-150
+  for flag in 0 1; do
+    B12X_PDL=$flag timeout 150 python3 benchmarks/model_decode.py --out "$out/pdl_model_$flag.json" \
+      --png "$out/pdl_model_$flag.png" ${PDL_MODEL:---models llama8b --formats NVFP4,FP8 --batches 1,4 --budget-s 90} \
+      > "$out/pdl_model_$flag.log" 2>&1
+    say "model decode, B12X_PDL=$flag: exit $?"; grep -E "tok/s" "$out/pdl_model_$flag.log" | tail -12
+  done
 fi
 if ! skip ncu; then
   timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \

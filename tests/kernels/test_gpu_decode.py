@@ -57,7 +57,7 @@ def test_kernel_writes_every_output(rng, fmt):
 
     def plan(max_m):
         return interface.pack(interface.GemvGgmlPlan, format=format_id(fmt), w=blocks.data_ptr(),
-                              grid=0 if grid is None else grid.data_ptr(), N=300, K=1024, max_m=max_m)  # fmt: skip
+                              grid=0 if grid is None else grid.data_ptr(), N=300, K=1024, max_m=max_m, pdl=1)  # fmt: skip
 
     for max_m in (8, 16):  # any bucket that holds the tokens
         y = torch.full((5, 300), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned

@@ -72,7 +72,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
                   alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, epilogue=0,
-                  top_k=0)  # fmt: skip
+                  top_k=0, pdl=0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, staged=fake, stream=0)
     with pytest.raises(ValueError, match=why):
@@ -82,7 +82,11 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
 def test_token_tiles_and_staging_sizes():
     from b12x_core.tensor_core import geometry, wgmma
 
-    assert [wgmma.token_tile(m) for m in (1, 8, 9, 16, 17, 64, 65, 256, 257, 4096)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
+    ms = range(1, 4097)
+    for fmt in FORMATS:  # a kernel tile, never narrower for more tokens, one tile up to 16 tokens
+        tiles = [wgmma.token_tile(m, fmt) for m in ms]
+        assert set(tiles) <= set(MTS) and tiles == sorted(tiles)
+        assert all(8 * mt >= m for m, mt in zip(ms, tiles, strict=True) if m <= 16)
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
     assert wgmma.WS_TOKEN_TILES == tuple(WS_MTS)
     for mt in WS_MTS:  # one CTA an SM: K split to fill 132 SMs with 4096 rows (32 row blocks) at 64 tokens

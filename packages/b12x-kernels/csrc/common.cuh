@@ -38,19 +38,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Launches fn(std::integral_constant<int, B>{}) for the GEMVs' accumulator bucket B = max_m (1, 2, 4, 8 or 16:
-// the caller's plan picks it, so register use, one fp32 accumulator per token, follows M); the launch error.
+// fn(std::integral_constant<int, B>{}) for the GEMVs' accumulator bucket B = max_m (1, 2, 4, 8 or 16: the caller's
+// plan picks it, so register use, one fp32 accumulator per token, follows M): fn's launch error.
 template <class Fn>
 cudaError_t with_bucket(int max_m, Fn&& fn) {
   switch (max_m) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 8: fn(std::integral_constant<int, 8>{}); break;
-    case 16: fn(std::integral_constant<int, 16>{}); break;
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    case 16: return fn(std::integral_constant<int, 16>{});
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace b12x

@@ -8,6 +8,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.cuh"
 
 namespace b12x {
 namespace {
@@ -75,6 +76,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  // Before the previous kernel ends (launch.cuh): the start of the row's weight bytes toward L2, a line a lane.
+  constexpr int kRowBytes8 = (kFormat == FMT_NVFP4 || kFormat == FMT_MXFP4) ? 4 : 8;  // bytes per 8 weights
+  if (row < N && lane * 128 < (K / 8) * kRowBytes8) prefetch_l2(w + size_t(row) * (K / 8) * kRowBytes8 + lane * 128);
+  grid_dependency_wait();
   if (row >= N) return;
 
   float acc[MAXM];
@@ -98,6 +103,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       }
     }
   }
+  grid_dependents_launch();
 #pragma unroll
   for (int m = 0; m < MAXM; ++m) {
     if (m < M) {
@@ -115,8 +121,8 @@ cudaError_t launch(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x
                    __nv_bfloat16* y, int M, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), grid((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return with_bucket(p.max_m, [&](auto bucket) {
-    gemv_elem_kernel<kFormat, decltype(bucket)::value><<<grid, block, 0, stream>>>(
-        p.w, p.scales, p.tensor_scale, x, x_scale, p.x_scale_cols, bias, y, p.ldy, M, p.N, p.K);
+    return launch_kernel(p.pdl, gemv_elem_kernel<kFormat, decltype(bucket)::value>, grid, block, 0, stream, p.w,
+                         p.scales, p.tensor_scale, x, x_scale, p.x_scale_cols, bias, y, p.ldy, M, p.N, p.K);
   });
 }
 

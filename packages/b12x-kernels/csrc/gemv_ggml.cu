@@ -7,6 +7,7 @@
 // the 7 stored ones instead of a table lookup. Summation: fp32 per lane, then a warp butterfly.
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.cuh"
 
 namespace b12x {
 namespace {
@@ -74,8 +75,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   constexpr int kGroupsPerBlock = Codec::kGroup / 8;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;
   const uint8_t* w_row = w + size_t(row) * (K / Codec::kGroup) * Codec::kBytes;
+  // Before the previous kernel ends (launch.cuh): the start of the row's blocks toward L2, a line a lane.
+  if (row < N && lane * 128 < (K / Codec::kGroup) * Codec::kBytes) prefetch_l2(w_row + lane * 128);
+  grid_dependency_wait();
+  if (row >= N) return;
 
   float acc[MAXM];
 #pragma unroll
@@ -95,6 +99,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       }
     }
   }
+  grid_dependents_launch();
 #pragma unroll
   for (int m = 0; m < MAXM; ++m) {
     if (m < M) {
@@ -112,7 +117,8 @@ cudaError_t launch(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfl
                    int M, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), blocks((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return with_bucket(p.max_m, [&](auto bucket) {
-    gemv_kernel<Codec, decltype(bucket)::value><<<blocks, block, 0, stream>>>(p.w, p.grid, x, bias, y, M, p.N, p.K);
+    return launch_kernel(p.pdl, gemv_kernel<Codec, decltype(bucket)::value>, blocks, block, 0, stream, p.w, p.grid, x,
+                         bias, y, M, p.N, p.K);
   });
 }
 

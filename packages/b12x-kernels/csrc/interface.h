@@ -35,6 +35,7 @@ struct GemvGgmlPlan {
   int N;
   int K;                          // a multiple of the block size
   int max_m;                      // the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m
+  int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
 };
 static_assert(sizeof(GemvGgmlPlan) == 40, "GemvGgmlPlan: b12x_kernels/interface.py lays it out differently");
 
@@ -49,8 +50,9 @@ struct GemvElemPlan {
   int N;
   int K;                          // a multiple of 8
   int max_m;                      // the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m
+  int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
 };
-static_assert(sizeof(GemvElemPlan) == 48, "GemvElemPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(GemvElemPlan) == 56, "GemvElemPlan: b12x_kernels/interface.py lays it out differently");
 
 // mma_gemm: v = alpha · row_scale[row] · sum_k x·W over the repacked tile layout (mma_gemm.cuh), then the epilogue.
 struct MmaPlan {
@@ -72,6 +74,7 @@ struct MmaPlan {
   int splits;                     // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
+  int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
 };
 static_assert(sizeof(MmaPlan) == 104, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels.h"
+#include "launch.cuh"
 
 namespace b12x {
 namespace mma {
@@ -531,14 +532,25 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   const bool rows_live = tile_base < p.n16;
   uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
 
+  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
+    for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
+  }
+  // The first kStages - 1 chunks of weights (cp.async, committed below with the activations as the first group).
+  auto issue_first = [&](const WeightStream<F, RT>& ws) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (c_begin + s < c_end) ws.template copy<kStages>(p, ring, c_begin + s, lane);
+  };
+  // Dense, the weight rows are known before the previous kernel ends: their first copies go out before the wait
+  // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
+  const bool grouped = p.order != nullptr;
+  if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
+  grid_dependency_wait();
+
   __shared__ int src_row[TOK], dst_row[TOK];
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
   if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
   const int tile_global = expert * p.n16 + tile_base;  // in the stacked weight
-
-  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
-    for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
-  }
 
   // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M, K and the split.
   auto load_stage = [&](int c0, int buf) {
@@ -559,6 +571,7 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   auto issue = [&](int c) {
     if (c < c_end) weights.template copy<kStages>(p, ring, c, lane);
   };
+  if (grouped) issue_first(weights);
 
   float acc[RT][MT][4];
 #pragma unroll
@@ -569,13 +582,11 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   // cp.async groups, one committed per chunk in order: group g holds chunk g's weights (and, for the first
   // chunk of stage s, the activations of stage s+1). Waiting until kStages-2 groups remain before chunk i's
   // commit completes group i; stage s+1's activations (group first(s) + kStages-1) are then complete by
-  // first(s+1) = first(s) + XC because XC >= kStages - 1.
+  // first(s+1) = first(s) + XC because XC >= kStages - 1. The first group holds the first kStages - 1 chunks
+  // (issued above) and the first stage's activations; the next kStages - 2 are empty.
   if (c_begin < c_end) load_stage(c_begin, 0);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    issue(c_begin + s);
-    cp_async_commit();
-  }
+  for (int s = 0; s < kStages - 1; ++s) cp_async_commit();
   // This lane's pieces E/8·t + g sit at g ^ (swizzle of t) within its E/8: offsets per g & mask, in elements.
   constexpr int SW = x_swizzle_mask<F>();
   int xoff[SW + 1];
@@ -654,6 +665,7 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
     buf ^= 1;
   }
   cp_async_wait<0>();
+  grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
@@ -665,8 +677,7 @@ cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t str
   auto kernel = mma_gemm_kernel<F, MT, RT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(mtiles, p.splits, nblocks), 32 * kWarps / RT, bytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * kWarps / RT), bytes, stream, p);
 }
 
 template <class F, int RT>

@@ -312,6 +312,8 @@ template <class F, int SUB = F::KB>
 __global__ void stage_x_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ staged, int M, int K,
                                int chunks, int groups) {
 #ifdef B12X_WGMMA_DEVICE
+  grid_dependents_launch();  // the GEMM after it may start its weight copies (launch.cuh)
+  grid_dependency_wait();    // x comes from the kernels before, and the last GEMM may still read `staged`
   constexpr int KB = F::KB, PIECES = KB / 8;  // 16-byte pieces per token and chunk
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)groups * 8 * chunks * PIECES) return;
@@ -331,6 +333,8 @@ __global__ void stage_x_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __r
 template <class F, int SUB = F::KB>
 __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ staged, int groups, int tok) {
 #ifdef B12X_WGMMA_DEVICE
+  grid_dependents_launch();  // the GEMM after it may start its weight copies (launch.cuh)
+  grid_dependency_wait();    // x comes from the kernels before, and the last GEMM may still read `staged`
   constexpr int KB = F::KB, PIECES = KB / 8;
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)groups * 8 * p.chunks * PIECES) return;

@@ -95,36 +95,47 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
-  if (expert < 0) return;
-  const size_t tile_global = size_t(expert) * p.n16 + tile_base;
-
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
   // its scale bytes; nothing for a dead warp), warp 0 also the token tile's staged x block (only the staged groups:
   // token columns past them are never stored, so whatever the stage held there is harmless), and arrives with the
-  // byte count.
+  // byte count. The weight part and the x part may go out apart (the arrival counts both): the first chunks' weights
+  // before the wait for the kernel that staged x (launch.cuh), their x after it.
   const int groups = GROUPED ? p.blocks * MT : (p.M + 7) / 8;  // staged groups of 8 rows (grouped: whole tiles)
   const uint32_t x_bytes = uint32_t(min(XBYTES, max(0, (groups - mtile * MT) * KB * 16)));
-  const uint8_t* codes = p.codes + tile_global * p.chunks * 1024;
-  const uint8_t* meta = F::META ? p.meta + tile_global * p.chunks * 16 * F::META : nullptr;
+  size_t tile_global = tile_base;  // in the stacked weight; grouped: its expert's, from the block table below
   const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
-  auto issue = [&](int c) {
+  auto issue_part = [&](int c, bool weights_part, bool x_part) {
     if (c >= c_end || lane != 0) return;
     const int stage = unsigned(c - c_begin) % S;
     uint64_t* bar = &full[stage];
-    const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
-    const uint32_t bytes = w_bytes + (warp == 0 ? x_bytes : 0);
-    fence_proxy_async();  // the stage's earlier generic reads (weights, two chunks ago) before the async writes
-    bar_arrive_expect(bar, bytes);
-    if (warp == 0 && x_bytes)
+    if (weights_part) {
+      const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
+      fence_proxy_async();  // the stage's earlier generic reads (weights, two chunks ago) before the async writes
+      bar_arrive_expect(bar, w_bytes + (warp == 0 ? x_bytes : 0));
+      if (live) {
+        uint8_t* slot = ring + stage * SLOT;
+        const uint8_t* codes = p.codes + (tile_global * p.chunks + c) * 1024;
+        bulk_copy(slot, codes, 1024, bar, weights_policy);
+        if constexpr (F::META > 0)
+          bulk_copy(slot + 1024, p.meta + (tile_global * p.chunks + c) * 16 * F::META, 16 * F::META, bar,
+                    weights_policy);
+      }
+    }
+    if (x_part && warp == 0 && x_bytes)
       bulk_copy(xring + stage * XBYTES, staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16), x_bytes, bar,
                 x_policy);
-    if (live) {
-      uint8_t* slot = ring + stage * SLOT;
-      bulk_copy(slot, codes + size_t(c) * 1024, 1024, bar, weights_policy);
-      if constexpr (F::META > 0) bulk_copy(slot + 1024, meta + size_t(c) * 16 * F::META, 16 * F::META, bar, weights_policy);
-    }
   };
+  auto issue = [&](int c) { issue_part(c, true, true); };
+
+  if constexpr (!GROUPED) {
+    __syncthreads();  // publishes the initialised mbarriers to the warps' lanes 0
+#pragma unroll
+    for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
+  }
+  grid_dependency_wait();
+  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
+  if (expert < 0) return;
+  tile_global = size_t(expert) * p.n16 + tile_base;
 
   float acc[1][MT][4];
   float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
@@ -177,13 +188,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   };
 
 #pragma unroll
-  for (int s = 0; s < S - 2; ++s) issue(c_begin + s);
+  for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
   for (int c = c_begin; c < c_end; c += 2) {
     chunk(c, std::integral_constant<int, 0>{});
     if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
   }
   wg_wait<0>();
   fence_operands(d);
+  grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 #endif  // B12X_WGMMA_DEVICE
@@ -200,12 +212,10 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
   const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
   const unsigned stage_blocks = unsigned((pieces + 255) / 256);
-  if (grouped) {
-    stage_x_grouped_kernel<F><<<stage_blocks, 256, 0, stream>>>(p, staged, groups, 8 * MT);
-  } else {
-    stage_x_kernel<F><<<stage_blocks, 256, 0, stream>>>(p.x, staged, p.M, p.K, p.chunks, groups);
-  }
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = grouped ? launch_kernel(p.pdl, stage_x_grouped_kernel<F>, dim3(stage_blocks), dim3(256), 0, stream,
+                                            p, staged, groups, 8 * MT)
+                            : launch_kernel(p.pdl, stage_x_kernel<F>, dim3(stage_blocks), dim3(256), 0, stream, p.x,
+                                            staged, p.M, p.K, p.chunks, groups);
   if (err != cudaSuccess) return err;
   auto kernel = wgmma_gemm_kernel<F, MT, false>;
   if constexpr (MT >= 4) {
@@ -214,8 +224,8 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int mtiles = grouped ? p.blocks : (p.M + 8 * MT - 1) / (8 * MT);  // grouped: one CTA per table block
-  kernel<<<dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), kThreads, bytes, stream>>>(p, staged);
-  return cudaGetLastError();
+  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), dim3(kThreads), bytes,
+                       stream, p, staged);
 }
 
 template <class F, int MT>

@@ -72,6 +72,7 @@ GemvGgmlPlan = _block(
         ("N", "int", ""),
         ("K", "int", "a multiple of the block size"),
         ("max_m", "int", "the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m"),
+        ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
     ],
 )
 
@@ -88,6 +89,7 @@ GemvElemPlan = _block(
         ("N", "int", ""),
         ("K", "int", "a multiple of 8"),
         ("max_m", "int", "the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m"),
+        ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
     ],
 )
 
@@ -113,6 +115,7 @@ MmaPlan = _block(
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
+        ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
     ],
 )
 

@@ -15,7 +15,7 @@ from b12x_formats.kernel_facts import ELEMENT, GGML, format_id
 from b12x_kernels import interface
 from b12x_kernels.interface import GEMV_BUCKETS as BUCKETS  # the kernels' accumulator buckets (max_m)
 
-from .. import workspace
+from .. import pdl, workspace
 from . import operands
 from .base import Backend, cuda_reason
 
@@ -49,18 +49,19 @@ class CudaGemv(Backend):
         super().__init__(query, weights)
         q = query
         # The kernels' argument blocks per accumulator bucket (and row shard): a call passes only x, y and m.
+        launch_pdl = pdl.enabled()
         if q.format in GGML:
             self.blocks, grid = weights.ggml_blocks, weights.stacked.grid
             self.plans = {b: interface.pack(interface.GemvGgmlPlan, format=format_id(q.format),
                                             w=self.blocks.data_ptr(), grid=0 if grid is None else grid.data_ptr(),
-                                            N=q.n, K=q.k, max_m=b) for b in BUCKETS}  # fmt: skip
+                                            N=q.n, K=q.k, max_m=b, pdl=launch_pdl) for b in BUCKETS}  # fmt: skip
             return
         self.shards = weights.element_shards
         cols = operands.x_scale_cols(q.act_mode, q.k)
         self.plans = {b: [interface.pack(interface.GemvElemPlan, format=format_id(q.format), w=s.weight.data_ptr(),
                                          scales=0 if s.scales is None else s.scales.data_ptr(),
                                          tensor_scale=s.tensor_scale, x_scale_cols=cols, ldy=q.n, N=s.rows, K=q.k,
-                                         max_m=b) for s in self.shards] for b in BUCKETS}  # fmt: skip
+                                         max_m=b, pdl=launch_pdl) for s in self.shards] for b in BUCKETS}  # fmt: skip
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):

@@ -52,7 +52,7 @@ class TensorCoreWgmma(Backend):
         slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.TOKEN_TILES}
 
         def config_of(m: int) -> dict:
-            c = wgmma.default_config(m, q.n, chunks, slots.get, share=gemm.split_share(q.format, m, q.k))
+            c = wgmma.default_config(m, q.n, chunks, slots.get, share=gemm.split_share(q.format, m, q.k), fmt=q.format)
             return {"tokens": 8 * c.mt, "splits": c.splits}
 
         return config_ranges(lo, hi, config_of)

@@ -17,6 +17,7 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 from b12x_formats.quantized import codec_for
 
+from .. import pdl
 from . import layout
 from .geometry import output_tiles, token_tile, token_tiles
 
@@ -39,6 +40,7 @@ class MmaShard:
     alpha: float
     scale_mul: float = 1.0
     row_scale: torch.Tensor | None = None  # float32 [n]: each row's factor, times alpha (merged shards: alpha is 1)
+    pdl: int = 1  # launch with programmatic dependent launch (b12x_core.pdl: B12X_PDL, read by prepare)
     plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
 
     def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
@@ -57,7 +59,7 @@ class MmaShard:
                 tables=device_ptr(self.tables), row_scale=device_ptr(row_scale), alpha=self.alpha,
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
-                epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k,
+                epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
             )  # fmt: skip
         return self.plans[key]
 
@@ -103,7 +105,7 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, m
             MmaShard(
                 mw.format, format_id(mw.format), row, mw.n, mw.k, mw.chunks,
                 _upload(mw.codes, device), _upload(mw.meta, device), _upload(mw.meta2, device),
-                _upload(mw.block_scale, device), tables, alpha, mw.scale_mul, row_scale,
+                _upload(mw.block_scale, device), tables, alpha, mw.scale_mul, row_scale, pdl.enabled(),
             )
         )  # fmt: skip
         row += mw.n

@@ -26,15 +26,22 @@ CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 ex
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
-# The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer):
-# a tile covering M up to 16 tokens; then a tile of half to a quarter of M, whose more CTAs (and K splits) fill the
-# 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens from 512 on.
-TILE_UPTO = ((8, 1), (16, 2), (64, 4), (256, 8))
+# The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer),
+# by the format's K chunk. FP4's 128-wide chunks: a tile covering M up to 16 tokens; then a tile of half to a quarter
+# of M, whose more CTAs (and K splits) fill the 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens
+# from 512 on. The 8-bit formats' 64-wide chunks hold half the multiplies for the same bookkeeping a chunk (copies,
+# barriers, scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens and were 12-17%
+# faster than 32-token tiles at 32 and 64 tokens (FP8, eleventh session), so they start at 17 tokens.
+TILE_UPTO = {
+    128: ((8, 1), (16, 2), (64, 4), (256, 8)),
+    64: ((8, 1), (16, 2), (256, 8)),
+}
 
 
-def token_tile(m: int) -> int:
-    """The token tile mt (8·mt tokens per CTA) for m tokens: TILE_UPTO's, else the largest."""
-    return next((mt for upto, mt in TILE_UPTO if m <= upto), TOKEN_TILES[-1])
+def token_tile(m: int, fmt: str) -> int:
+    """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's for its chunk, else the largest."""
+    rule = TILE_UPTO[128 if chunk_k(fmt) >= 128 else 64]
+    return next((mt for upto, mt in rule if m <= upto), TOKEN_TILES[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
@@ -48,11 +55,12 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
     return sms * blocks
 
 
-def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0) -> MmaConfig:
-    """The token tile that covers M in the fewest tiles (or the given mt), and the K split that fills the GPU
+def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0,
+                   fmt: str = "NVFP4") -> MmaConfig:  # fmt: skip
+    """The token tile of `fmt` for M (token_tile; or the given mt), and the K split that fills the GPU
     (gemm.even_split, each split's partials weighed by `share`: gemm.split_share); `slots_of(mt)` gives the CTAs
     that run at once."""
-    mt = mt or token_tile(m)
+    mt = mt or token_tile(m, fmt)
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
 
 
