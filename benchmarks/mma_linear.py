@@ -12,8 +12,8 @@ Method (decode_linear.py's): one CUDA graph runs the layer on each of several we
 4× L2, so weights come from HBM), replayed many times between CUDA events; per-layer time = median replay
 time / copies. Weights are random valid codes written straight into the kernel's layout (quantizing 855 M
 weights on the host would take minutes; the kernel's time does not depend on the values). `--sweep` also times
-every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` also times
-the default configuration launched plainly (B12X_PDL=0's argument blocks) beside programmatic dependent launch, in the
+every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` times
+the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
 norms and attention sit between some of them).
 """
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from decode_linear import copies_for, copy_bandwidth, time_graph
 
 import b12x_formats as bf
+from b12x_core import pdl
 from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
@@ -69,7 +70,7 @@ def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
     elif fmt == "FP8_BLOCK":
         block_scale = torch.full((-(-n // 128), -(-k // 128)), 0.01, device="cuda")
     return gemm.MmaShard(fmt, format_id(fmt), 0, n, k, chunks, codes, meta, meta2, block_scale,
-                             tables, 0.01)  # fmt: skip
+                             tables, 0.01, pdl=pdl.enabled())  # fmt: skip
 
 
 def shard_bytes(s: gemm.MmaShard) -> int:
@@ -126,8 +127,9 @@ def main() -> None:
         one_layer = [random_shard(fmt, n, k) for _, n, k in shapes]
         nbytes = sum(shard_bytes(s) for s in one_layer)
         layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in shapes] for _ in range(copies_for(nbytes) - 1)]
-        # the same weights, launched plainly (the argument blocks B12X_PDL=0 packs)
-        plain_layers = [[dataclasses.replace(s, pdl=0, plans={}) for s in layer] for layer in layers]
+        # the same weights launched with and without programmatic dependent launch (what B12X_PDL=1 / 0 pack)
+        by_pdl = {flag: [[dataclasses.replace(s, pdl=flag, plans={}) for s in layer] for layer in layers]
+                  for flag in (1, 0)}  # fmt: skip
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
@@ -151,9 +153,11 @@ def main() -> None:
                 defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
                                                 share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
                 label = f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in defaults)
-                results.append((timed(defaults), label))
                 if args.pdl_ab:
-                    results.append((timed(defaults, plain_layers), f"no pdl {label}"))
+                    results.append((timed(defaults, by_pdl[1]), f"pdl {label}"))
+                    results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
+                else:
+                    results.append((timed(defaults), label))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

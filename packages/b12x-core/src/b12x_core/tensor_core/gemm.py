@@ -40,7 +40,7 @@ class MmaShard:
     alpha: float
     scale_mul: float = 1.0
     row_scale: torch.Tensor | None = None  # float32 [n]: each row's factor, times alpha (merged shards: alpha is 1)
-    pdl: int = 1  # launch with programmatic dependent launch (b12x_core.pdl: B12X_PDL, read by prepare)
+    pdl: int = 0  # launch with programmatic dependent launch (b12x_core.pdl: B12X_PDL=1, read by prepare)
     plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
 
     def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,

@@ -26,22 +26,24 @@ CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 ex
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
-# The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer),
-# by the format's K chunk. FP4's 128-wide chunks: a tile covering M up to 16 tokens; then a tile of half to a quarter
-# of M, whose more CTAs (and K splits) fill the 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens
-# from 512 on. The 8-bit formats' 64-wide chunks hold half the multiplies for the same bookkeeping a chunk (copies,
-# barriers, scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens and were 12-17%
-# faster than 32-token tiles at 32 and 64 tokens (FP8, eleventh session), so they start at 17 tokens.
+# The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer).
+# FP4 (128-wide K chunks): a tile covering M up to 16 tokens; then a tile of half to a quarter of M, whose more CTAs
+# (and K splits) fill the 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens from 512 on.
+# The 8-bit formats' 64-wide chunks hold half the multiplies for the same bookkeeping a chunk (copies, barriers,
+# scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens. Measured (twelfth session):
+# FP8 at 32 / 64 tokens 139 / 160 µs against 157 / 193 at 32-token tiles, MXFP8 150 / 168 against 160 / 219; Q8_0,
+# whose decode costs more registers a weight, 138 / 178 against 160 / 214 the other way round at 32 tokens.
 TILE_UPTO = {
-    128: ((8, 1), (16, 2), (64, 4), (256, 8)),
-    64: ((8, 1), (16, 2), (256, 8)),
+    "FP8": ((8, 1), (16, 2), (256, 8)),
+    "MXFP8": ((8, 1), (16, 2), (256, 8)),
+    "Q8_0": ((8, 1), (16, 2), (32, 4), (256, 8)),
 }
+TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
 
 
 def token_tile(m: int, fmt: str) -> int:
-    """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's for its chunk, else the largest."""
-    rule = TILE_UPTO[128 if chunk_k(fmt) >= 128 else 64]
-    return next((mt for upto, mt in rule if m <= upto), TOKEN_TILES[-1])
+    """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's, else the largest."""
+    return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), TOKEN_TILES[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
