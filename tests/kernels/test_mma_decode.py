@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from closeness import close
+from closeness import close, rounding_slack
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -115,7 +115,8 @@ def test_the_plan_picks_the_layout_its_backends_share(rng):
 @pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "FP8"])
 def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
     """A table where the tensor-core GEMM wins to M=8 and decode + cuBLAS above: one device copy, both sides of the
-    crossover match the reference."""
+    crossover match the reference, within what the kernels' one bf16 rounding of Q8_0 / IQ2 weights can move a sum
+    (closeness.rounding_slack)."""
     parts = shards(rng, fmt, rows=(128, 64))
     n, k = 192, parts[0].shape[1]
     device = DeviceInfo.of(torch.device("cuda"))
@@ -128,9 +129,10 @@ def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
     assert [d.backend.name for d in p.decisions] == ["tensor_core", "decode_gemm"]
     assert "stacked" not in weights.__dict__
     ref = bc.prepare_linear(parts, max_tokens=64)
+    w = torch.cat([torch.from_numpy(bf.dequantize(part)).double() for part in parts])
     for m in (3, 40):
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
-        close(p.for_tokens(m).run(x.cuda(), None).cpu(), bc.linear(x, ref))
+        close(p.for_tokens(m).run(x.cuda(), None).cpu(), bc.linear(x, ref), slack=rounding_slack(fmt, x, w))
     assert "stacked" not in weights.__dict__
 
 
