@@ -3,7 +3,7 @@ o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, be
 torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
 
     python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
-        [--model 70b|8b] [--pdl-ab]
+        [--model 70b|8b] [--pdl-ab] [--stages-ab [--per-linear]]
 
 --model 8b takes a Llama-3.1-8B layer's linears instead (qkv 6144×4096, o 4096×4096, gate_up 28672×4096, down
 4096×14336).
@@ -15,7 +15,9 @@ weights on the host would take minutes; the kernel's time does not depend on the
 every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` times
 the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
-norms and attention sit between some of them).
+norms and attention sit between some of them). `--stages-ab` times, at one-token tiles, the default configuration
+with a 4-chunk and an 8-chunk weight ring per warp (MmaConfig.stages), the latter also at half the K splits;
+`--per-linear` adds each linear's own time (a graph of that linear alone over the copies) to every row.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def main() -> None:
                         help="at one-token tiles also time the K splits that fill the kernel's occupancy")  # fmt: skip
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
+    parser.add_argument("--stages-ab", action="store_true", help="one-token tiles: 4- against 8-chunk weight rings")
+    parser.add_argument("--per-linear", action="store_true", help="also time each linear alone")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
@@ -134,17 +138,22 @@ def main() -> None:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
 
-            def timed(configs, copies=layers):
+            def timed(configs, copies=layers, only=None):
+                """The layer's time under `configs` (one per linear), or linear `only`'s alone."""
                 wss = [
                     gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
                     for s, c in zip(one_layer, configs, strict=True)
                 ]
 
                 def layer(i):
-                    for s, c, ws in zip(copies[i], configs, wss, strict=True):
-                        gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
+                    for li, (s, c, ws) in enumerate(zip(copies[i], configs, wss, strict=True)):
+                        if only is None or li == only:
+                            gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
 
                 return time_graph(layer, len(layers), args.replays)
+
+            def per_linear(configs):
+                return {lname: timed(configs, only=li) for li, (lname, _, _) in enumerate(shapes)}
 
             mt = geometry.token_tile(m)
             results = []
@@ -156,6 +165,16 @@ def main() -> None:
                 if args.pdl_ab:
                     results.append((timed(defaults, by_pdl[1]), f"pdl {label}"))
                     results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
+                elif args.stages_ab and mt == 1 and rt == 1:  # the same splits on each ring, then half the splits
+                    variants = (
+                        ("ring 4", defaults),
+                        ("ring 8", [dataclasses.replace(c, stages=8) for c in defaults]),
+                        ("ring 8, half splits",
+                         [dataclasses.replace(c, stages=8, splits=max(1, c.splits // 2)) for c in defaults]),
+                    )  # fmt: skip
+                    for vname, configs in variants:
+                        vlabel = f"{vname} rt1 " + " ".join(f"{c.mt}/{c.splits}" for c in configs)
+                        results.append((timed(configs), vlabel, per_linear(configs) if args.per_linear else None))
                 else:
                     results.append((timed(defaults), label))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
@@ -177,14 +196,21 @@ def main() -> None:
                     best[li] = min(timings, key=lambda r: r[0])[1]
                 results.append((timed(best), "best " + " ".join(f"{c.rt}:{c.mt}/{c.splits}" for c in best)))
             t_bf16, t_fp8 = base[m]
-            for t, label in results:
+            for t, label, *linears in results:
                 gbs = nbytes / t / 1e3
                 row = dict(m=m, format=fmt, config=label, us=t, gbs=gbs, pct_copy=100 * gbs / bw,
                            speedup_bf16=t_bf16 / t, speedup_fp8=t_fp8 / t)  # fmt: skip
+                if linears and linears[0]:  # µs and % of copy of each linear alone
+                    row["linears"] = {
+                        lname: {"us": lt, "pct_copy": 100 * shard_bytes(s) / lt / 1e3 / bw}
+                        for (lname, lt), s in zip(linears[0].items(), one_layer, strict=True)
+                    }
                 rows.append(row)
                 print(f"M={m:<5} {fmt:<16} {t:9.1f} µs  {row['gbs']:6.0f} GB/s ({row['pct_copy']:3.0f}%)  "
                       f"{row['speedup_bf16']:5.2f}x bf16  {row['speedup_fp8']:5.2f}x fp8  [{label}]",
                       flush=True)  # fmt: skip
+                for lname, lv in row.get("linears", {}).items():
+                    print(f"    {lname:<8} {lv['us']:8.1f} µs ({lv['pct_copy']:3.0f}%)", flush=True)
         layers = one_layer = None  # free this format's copies
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:

@@ -4,8 +4,9 @@
 # benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench ablate sweep pdl ncu decode model sanitize"; TESTS (TESTS_S: its time limit),
-# BENCH, ABLATE, SWEEP, PDL (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
+# Steps are skipped by SKIP="tests bench ablate sweep pdl rings ncu ncu_wgmma decode model sanitize" (ncu_wgmma: the
+# wgmma kernels' profiles within ncu); TESTS (TESTS_S: its time limit),
+# BENCH, ABLATE, SWEEP, PDL, RINGS (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
 # NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
 # ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
 # the warps stall: a summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS
@@ -31,7 +32,7 @@ fi
 say "build: exit $? $(tail -1 "$out/build.log")"
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 if ! skip tests; then
-  timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 200 ${TESTS:-tests/kernels/test_wgmma_gemm.py} \
+  timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 --timeout 200 ${TESTS:-tests/kernels/test_wgmma_gemm.py} \
     > "$out/tests.log" 2>&1
   say "tests: exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$out/tests.log" | tail -15
 fi
@@ -61,7 +62,12 @@ if ! skip pdl; then  # programmatic dependent launch against plain launches, sam
     say "model decode, B12X_PDL=$flag: exit $?"; grep -E "tok/s" "$out/pdl_model_$flag.log" | tail -12
   done
 fi
-if ! skip ncu; then
+if ! skip rings; then  # one-token tiles: the 4- and 8-chunk weight rings, same run, the layer and each linear
+  timeout 200 python3 benchmarks/mma_linear.py --model 8b --stages-ab --per-linear --rt 1 --out "$out/rings.json" \
+    ${RINGS:---formats NVFP4,FP8,Q8_0,IQ2_XS,MXFP4 --ms 1,4,8 --replays 20} > "$out/rings.log" 2>&1
+  say "rings: exit $?"; grep -E "^M=|^    [a-z_]+ " "$out/rings.log" | cut -c1-150
+fi
+if ! skip ncu && ! skip ncu_wgmma; then
   timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WGMMA:-NVFP4:28672x4096:1024:16:1} \
@@ -90,6 +96,8 @@ if ! skip ncu; then
       > "$out/ncu_ws_ablate.log" 2>&1
     say "ncu wgmma ws, B12X_WS_ABLATE=$NCU_WS_ABLATE: exit $?"
   fi
+fi
+if ! skip ncu; then
   timeout 150 ncu --clock-control none -k regex:mma_gemm_kernel --section SpeedOfLight --section Occupancy \
     --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/mma_profile.py ${NCU_MMA:-NVFP4:28672x4096:1:auto:auto NVFP4:4096x4096:1:auto:auto \
