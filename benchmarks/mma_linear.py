@@ -3,7 +3,7 @@ o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, be
 torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
 
     python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
-        [--model 70b|8b] [--pdl-ab] [--stages-ab [--per-linear]]
+        [--model 70b|8b] [--pdl-ab] [--per-linear]
 
 --model 8b takes a Llama-3.1-8B layer's linears instead (qkv 6144×4096, o 4096×4096, gate_up 28672×4096, down
 4096×14336).
@@ -15,9 +15,8 @@ weights on the host would take minutes; the kernel's time does not depend on the
 every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` times
 the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
-norms and attention sit between some of them). `--stages-ab` times, at one-token tiles, the default configuration
-with a 4-chunk and an 8-chunk weight ring per warp (MmaConfig.stages), the latter also at half the K splits;
-`--per-linear` adds each linear's own time (a graph of that linear alone over the copies) to every row.
+norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
+alone over the copies) to the default configuration's rows.
 """
 
 from __future__ import annotations
@@ -89,7 +88,6 @@ def main() -> None:
                         help="at one-token tiles also time the K splits that fill the kernel's occupancy")  # fmt: skip
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
-    parser.add_argument("--stages-ab", action="store_true", help="one-token tiles: 4- against 8-chunk weight rings")
     parser.add_argument("--per-linear", action="store_true", help="also time each linear alone")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
@@ -165,18 +163,8 @@ def main() -> None:
                 if args.pdl_ab:
                     results.append((timed(defaults, by_pdl[1]), f"pdl {label}"))
                     results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
-                elif args.stages_ab and mt == 1 and rt == 1:  # the same splits on each ring, then half the splits
-                    variants = (
-                        ("ring 4", defaults),
-                        ("ring 8", [dataclasses.replace(c, stages=8) for c in defaults]),
-                        ("ring 8, half splits",
-                         [dataclasses.replace(c, stages=8, splits=max(1, c.splits // 2)) for c in defaults]),
-                    )  # fmt: skip
-                    for vname, configs in variants:
-                        vlabel = f"{vname} rt1 " + " ".join(f"{c.mt}/{c.splits}" for c in configs)
-                        results.append((timed(configs), vlabel, per_linear(configs) if args.per_linear else None))
                 else:
-                    results.append((timed(defaults), label))
+                    results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

@@ -1,15 +1,13 @@
 """A few launches of the tensor-core GEMM for Nsight Compute (one per case, after a warm-up launch):
 
     ncu --clock-control none -k regex:mma_gemm --launch-skip-before-match 0 --section SpeedOfLight \
-        --section WarpStateStats --section Occupancy python benchmarks/mma_profile.py [FMT:NxK:M:MT:SPLITS[:STAGES] ...]
+        --section WarpStateStats --section Occupancy python benchmarks/mma_profile.py [FMT:NxK:M:MT:SPLITS ...]
 
-MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device);
-STAGES (default: the configuration's) sets the weight ring's depth (MmaConfig.stages).
+MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
@@ -21,7 +19,7 @@ CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1
          "Q8_0:8192x28672:1:1:4", "NVFP4:57344x8192:32:4:1"]  # fmt: skip
 
 for case in sys.argv[1:] or CASES:
-    fmt, shape, m, mt, splits, *stages = case.split(":")
+    fmt, shape, m, mt, splits = case.split(":")
     n, k = map(int, shape.split("x"))
     m = int(m)
     if mt == "auto":
@@ -31,8 +29,6 @@ for case in sys.argv[1:] or CASES:
                                      share=gemm.split_share(fmt, m, k))  # fmt: skip
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
-    if stages:
-        config = dataclasses.replace(config, stages=int(stages[0]))
     shard = random_shard(fmt, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")

@@ -4,9 +4,9 @@
 # benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
 # compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench ablate sweep pdl rings ncu ncu_wgmma decode model sanitize" (ncu_wgmma: the
-# wgmma kernels' profiles within ncu); TESTS (TESTS_S: its time limit),
-# BENCH, ABLATE, SWEEP, PDL, RINGS (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
+# Steps are skipped by SKIP="tests bench ablate sweep pdl linears ncu ncu_wgmma decode model sanitize" (ncu_wgmma:
+# the wgmma kernels' profiles within ncu); TESTS (TESTS_S: its time limit),
+# BENCH, ABLATE, SWEEP, PDL, LINEARS (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
 # NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
 # ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
 # the warps stall: a summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS
@@ -62,10 +62,10 @@ if ! skip pdl; then  # programmatic dependent launch against plain launches, sam
     say "model decode, B12X_PDL=$flag: exit $?"; grep -E "tok/s" "$out/pdl_model_$flag.log" | tail -12
   done
 fi
-if ! skip rings; then  # one-token tiles: the 4- and 8-chunk weight rings, same run, the layer and each linear
-  timeout 200 python3 benchmarks/mma_linear.py --model 8b --stages-ab --per-linear --rt 1 --out "$out/rings.json" \
-    ${RINGS:---formats NVFP4,FP8,Q8_0,IQ2_XS,MXFP4 --ms 1,4,8 --replays 20} > "$out/rings.log" 2>&1
-  say "rings: exit $?"; grep -E "^M=|^    [a-z_]+ " "$out/rings.log" | cut -c1-150
+if ! skip linears; then  # the tensor-core GEMM's default configurations: the 8B layer and each linear alone
+  timeout 200 python3 benchmarks/mma_linear.py --model 8b --per-linear --rt 1 --out "$out/linears.json" \
+    ${LINEARS:---formats NVFP4,FP8,Q8_0,IQ2_XS,MXFP4 --ms 1,4,8 --replays 20} > "$out/linears.log" 2>&1
+  say "linears: exit $?"; grep -E "^M=|^    [a-z_]+ " "$out/linears.log" | cut -c1-150
 fi
 if ! skip ncu && ! skip ncu_wgmma; then
   timeout 120 ncu --clock-control none -k regex:wgmma_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \
@@ -78,17 +78,6 @@ if ! skip ncu && ! skip ncu_wgmma; then
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
     > "$out/ncu_ws.log" 2>&1
   say "ncu wgmma ws: exit $?"
-  if [ -n "${NCU_SOURCE:-}" ]; then
-    # where the warps stall, per SASS instruction (with its CUDA line: the build has -lineinfo): NCU_SOURCE is a
-    # kernel regex and a wgmma_profile.py case, e.g. "wgmma_gemm_kernel NVFP4:28672x4096:128:8:1". The text mode's
-    # SourceCounters section prints only a summary; the source page of the saved report has every instruction.
-    read -r src_kernel src_case <<< "$NCU_SOURCE"
-    timeout 150 ncu --clock-control none -k "regex:$src_kernel" --launch-skip 1 --launch-count 1 \
-      --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/ncu_source" \
-      python3 benchmarks/wgmma_profile.py $src_case > "$out/ncu_source.log" 2>&1 &&
-      timeout 60 ncu -i "$out/ncu_source.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source.csv" 2>&1
-    say "ncu source ($src_kernel $src_case): exit $?"
-  fi
   if [ -n "${NCU_WS_ABLATE:-}" ]; then  # the same cases without parts of the work (ws_ablation.py's modes, e.g. 3)
     B12X_WS_ABLATE="$NCU_WS_ABLATE" timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
@@ -98,6 +87,19 @@ if ! skip ncu && ! skip ncu_wgmma; then
   fi
 fi
 if ! skip ncu; then
+  if [ -n "${NCU_SOURCE:-}" ]; then
+    # where the warps stall, per SASS instruction (with its CUDA line: the build has -lineinfo): NCU_SOURCE is a
+    # kernel regex and a case of NCU_SOURCE_SCRIPT (default wgmma_profile.py), e.g. "wgmma_gemm_kernel
+    # NVFP4:28672x4096:128:8:1", or with NCU_SOURCE_SCRIPT=mma_profile.py "mma_gemm_kernel
+    # NVFP4:28672x4096:1:auto:auto". The text mode's SourceCounters section prints only a summary; the source page
+    # of the saved report has every instruction.
+    read -r src_kernel src_case <<< "$NCU_SOURCE"
+    timeout 150 ncu --clock-control none -k "regex:$src_kernel" --launch-skip 1 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/ncu_source" \
+      python3 benchmarks/${NCU_SOURCE_SCRIPT:-wgmma_profile.py} $src_case > "$out/ncu_source.log" 2>&1 &&
+      timeout 60 ncu -i "$out/ncu_source.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source.csv" 2>&1
+    say "ncu source ($src_kernel $src_case): exit $?"
+  fi
   timeout 150 ncu --clock-control none -k regex:mma_gemm_kernel --section SpeedOfLight --section Occupancy \
     --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/mma_profile.py ${NCU_MMA:-NVFP4:28672x4096:1:auto:auto NVFP4:4096x4096:1:auto:auto \

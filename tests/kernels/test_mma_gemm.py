@@ -65,34 +65,6 @@ def test_matches_the_oracle(rng, fmt):
                         close(y, ref, slack=rounding_slack(fmt, x, w64))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_the_deep_ring_sums_as_the_short_one(rng, fmt):
-    """One-token tiles with an 8-chunk weight ring a warp (MmaConfig.stages): the same chunks in the same order, so
-    the same bits as the 4-chunk ring, and the oracle's values; splits shorter than the ring included."""
-    for n, k in _shapes(fmt):
-        w64, shards = _case(rng, fmt, n, k)
-        chunks = shards[0].chunks
-        for m in (1, 5, 19):
-            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to("cuda", torch.bfloat16)
-            ref = x.double().cpu() @ w64.T
-            for splits in sorted({1, min(3, chunks), chunks}):
-                deep = _run(x, shards, n, None, gemm.MmaConfig(1, splits, stages=8))
-                assert torch.equal(deep, _run(x, shards, n, None, gemm.MmaConfig(1, splits)))
-                close(deep, ref, slack=rounding_slack(fmt, x, w64))
-
-
-def test_rings_the_kernel_lacks_are_refused(rng):
-    _, shards = _case(rng, "NVFP4", 32, 256)
-    x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
-    for config in (
-        gemm.MmaConfig(2, 1, stages=8),
-        gemm.MmaConfig(1, 1, rt=2, stages=8),
-        gemm.MmaConfig(1, 1, stages=6),
-    ):
-        with pytest.raises(ValueError, match="stages"):
-            _run(x, shards, 32, None, config)
-
-
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, fmt):
     n, k = 384, 8 * geometry.chunk_k(fmt)

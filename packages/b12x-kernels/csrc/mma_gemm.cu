@@ -34,8 +34,9 @@ R with_format(int format, R fallback, Fn&& fn) {
 }
 }  // namespace
 
-int mma_blocks_per_sm(int format, int mt, int rt, int stages) {
-  return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt, stages); });
+int mma_blocks_per_sm(int format, int mt, int rt) {
+  if ((mt != 1 && mt != 2 && mt != 4) || (rt != 1 && rt != 2)) return 0;
+  return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt); });
 }
 
 const char* mma_plan_error(const MmaPlan& p) {
@@ -45,8 +46,6 @@ const char* mma_plan_error(const MmaPlan& p) {
   if (p.chunks * ck < p.K) return "mma_gemm: the repacked weight covers fewer than K columns";
   if (p.mt != 1 && p.mt != 2 && p.mt != 4) return "mma_gemm: mt must be 1, 2 or 4";
   if (p.rt != 1 && p.rt != 2) return "mma_gemm: rt must be 1 or 2";
-  if (p.stages != kStages && !(p.stages == kDeepStages && p.mt == 1 && p.rt == 1))
-    return "mma_gemm: stages must be 4, or 8 at mt 1 and rt 1";
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
@@ -67,7 +66,7 @@ cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stre
   }
   const int nblocks = (p.n16 + kWarps - 1) / kWarps;  // kWarps row tiles (128 rows) per CTA
   return with_format(plan.format, cudaErrorInvalidValue,
-                     [&](auto f) { return launch_cfg<decltype(f)>(plan.mt, plan.rt, plan.stages, p, nblocks, stream); });
+                     [&](auto f) { return launch_cfg<decltype(f)>(plan.mt, plan.rt, p, nblocks, stream); });
 }
 
 }  // namespace b12x

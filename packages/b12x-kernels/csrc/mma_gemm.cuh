@@ -36,11 +36,7 @@ namespace b12x {
 namespace mma {
 
 constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 rows, 8 / RT warps
-// The per-warp shared-memory ring of weight chunks is ST slots deep (ST - 1 chunks in flight): MmaPlan::stages,
-// 4 (every token tile) or 8 (one-token tiles, where a CTA streams its weights latency-bound and one wave holds
-// every CTA: more bytes in flight per warp, at two CTAs an SM).
-constexpr int kStages = 4;
-constexpr int kDeepStages = 8;
+constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks, every slot in flight between chunks
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
 // The kernel's parameters: the host's arguments plus what it derives from them once.
@@ -85,9 +81,11 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+  cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -275,9 +273,9 @@ struct FmtIQ2 {
 };
 
 // ---------------------------------------------------------------------------------------------- kernel
-template <class F, int ST>
-constexpr int stage_chunks() {  // chunks per activation stage (>= ST - 1, see the group count below)
-  return ST > kStages ? ST : F::KB >= 256 ? 3 : 4;
+template <class F>
+constexpr int stage_chunks() {  // chunks per activation stage (>= kStages, see the group count below)
+  return kStages;
 }
 // Activation rows in shared memory. A B-operand load (LDS.128) serves lanes (q, t): lanes t of one token read
 // 16-byte pieces p = E/8·t + g of the chunk; for E > 16 those collide in banks (t and t+2 are 128 bytes
@@ -287,9 +285,9 @@ template <class F>
 constexpr int x_swizzle_mask() {
   return F::E / 16 - 1;
 }
-template <class F, int ST>
+template <class F>
 constexpr int x_row_elems() {
-  return stage_chunks<F, ST>() * F::KB + F::E / 2;
+  return stage_chunks<F>() * F::KB + F::E / 2;
 }
 template <class F>
 constexpr int table_words() {
@@ -300,14 +298,14 @@ template <class F>
 constexpr int slot_bytes() {  // one chunk of a warp: 1 KB of codes, then its 16 rows' scale bytes
   return 1024 + 16 * F::META + 16 * F::META2 + (F::ACC && F::E != 64 ? 16 : 0);
 }
-template <class F, int MT, int ST>
+template <class F, int MT>
 constexpr int smem_bytes() {
-  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F, ST>() * 2 + kWarps * ST * slot_bytes<F>();
+  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + kWarps * kStages * slot_bytes<F>();
 }
-template <class F, int MT, int ST>
-constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 1..4
-  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, ST>() + 1024);
-  return fit >= 4 ? 4 : fit >= 3 ? 3 : fit >= 2 ? 2 : 1;
+template <class F, int MT>
+constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 2..4
+  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT>() + 1024);
+  return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
 
 // ---------------------------------------------------------------------------------------------- shared pieces
@@ -343,50 +341,60 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
   return expert;
 }
 
-// One warp's weight copies: chunk c of its RT row tiles (from tile_base) into ring slot (c % STAGES, tile r) by
-// cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. / 16.. copy the tile's
-// scale bytes (16 rows × META / META2). The tile pointers advance by one tile per chunk.
+// One warp's weight copies, chunk after chunk: chunk `next` of its RT row tiles (from tile_base) into ring slot
+// (next % STAGES, tile r) by cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. /
+// 16.. copy the tile's scale bytes (16 rows × META / META2). The source pointers advance one chunk a copy and the ring
+// address is a shared-memory offset: the address arithmetic of a copy is a few adds (recomputing the 64-bit tile
+// offsets from the chunk index took 30 of the one-token tile's ~210 instructions a chunk: SASS, 2026-12-03).
 template <class F, int RT>
 struct WeightStream {
   static constexpr int SLOT = slot_bytes<F>();
-  const uint4* code_base;
-  const uint8_t* meta_base;
-  const uint8_t* meta2_base;
+  const uint4* codes;     // chunk `next` of the first row tile: this lane's piece of its first half
+  const uint8_t* meta;    // its scale bytes: this lane's 16 (lanes < META)
+  const uint8_t* meta2;   // its second scale bytes: lane - 16's 16 (lanes 16 .. 16 + META2)
+  size_t tile_stride;     // chunks between row tiles (the repack stores a row tile's chunks in a row)
+  uint32_t ring_lane;     // shared address of ring slot 0, plus this lane's 16 bytes
   int tile_global, live;  // live: the warp's row tiles inside the weight
+  int next;               // the chunk the next copy takes
 
-  __device__ WeightStream(const MmaParams& p, int tile_global_, int tile_base, int lane)
-      : code_base(reinterpret_cast<const uint4*>(p.codes) + size_t(tile_global_) * p.chunks * 64 + lane),
-        meta_base(p.meta + size_t(tile_global_) * p.chunks * 16 * F::META + 16 * lane),
-        meta2_base(p.meta2 + size_t(tile_global_) * p.chunks * 16 * F::META2 + 16 * (lane - 16)),
+  __device__ WeightStream(const MmaParams& p, int tile_global_, int tile_base, int lane, const uint8_t* ring, int c0)
+      : codes(reinterpret_cast<const uint4*>(p.codes) + (size_t(tile_global_) * p.chunks + c0) * 64 + lane),
+        meta(p.meta + (size_t(tile_global_) * p.chunks + c0) * 16 * F::META + 16 * lane),
+        meta2(p.meta2 + (size_t(tile_global_) * p.chunks + c0) * 16 * F::META2 + 16 * (lane - 16)),
+        tile_stride(p.chunks),
+        ring_lane(static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + 16 * lane),
         tile_global(tile_global_),
-        live(min(RT, p.n16 - tile_base)) {}
+        live(min(RT, p.n16 - tile_base)),
+        next(c0) {}
 
   template <int STAGES>
-  __device__ __forceinline__ void copy(const MmaParams& p, uint8_t* ring, int c, int lane) const {
+  __device__ __forceinline__ void copy_next(const MmaParams& p, int lane) {
+    const uint32_t slot = ring_lane + (unsigned(next) % STAGES) * (RT * SLOT);
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       if (r >= live) break;
-      const size_t tile = size_t(r) * p.chunks + c;  // relative to tile_base
-      uint8_t* slot = ring + ((unsigned(c) % STAGES) * RT + r) * SLOT;
-      const uint4* codes = code_base + tile * 64;
-      cp_async16(slot + 16 * lane, codes, 16);
-      cp_async16(slot + 512 + 16 * lane, codes + 32, 16);
+      const uint4* c = codes + r * tile_stride * 64;
+      cp_async16(slot + r * SLOT, c, 16);
+      cp_async16(slot + r * SLOT + 512, c + 32, 16);
       if constexpr (F::META > 0) {
-        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, meta_base + tile * 16 * F::META, 16);
+        if (lane < F::META) cp_async16(slot + r * SLOT + 1024, meta + r * tile_stride * 16 * F::META, 16);
       }
-      if constexpr (F::META2 > 0) {
+      if constexpr (F::META2 > 0) {  // lane - 16's 16 bytes after the META bytes (ring_lane holds 16·lane)
         if (lane >= 16 && lane < 16 + F::META2)
-          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), meta2_base + tile * 16 * F::META2, 16);
+          cp_async16(slot + r * SLOT + 1024 + 16 * F::META - 256, meta2 + r * tile_stride * 16 * F::META2, 16);
       }
       if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
         if (lane == 0) {
           const int kblocks = (p.K + 127) / 128;
-          const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
-                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (c * F::KB) / 128));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(slot + r * SLOT + 1024),
+                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (next * F::KB) / 128));
         }
       }
     }
+    codes += 64;
+    meta += 16 * F::META;
+    meta2 += 16 * F::META2;
+    ++next;
   }
 };
 
@@ -518,13 +526,13 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
 // A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
 // each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
-template <class F, int MT, int RT, int ST>
-__global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma_gemm_kernel(const MmaParams p) {
+template <class F, int MT, int RT>
+__global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int WARPS = 8 / RT, THREADS = 32 * WARPS;
-  constexpr int TOK = 8 * MT, XC = stage_chunks<F, ST>(), XROW = x_row_elems<F, ST>(), XSTAGE = TOK * XROW;
+  constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
   constexpr int SLOT = slot_bytes<F>();
-  static_assert(XC >= ST - 1, "an activation stage must be complete when its first chunk is");
+  static_assert(XC >= kStages, "an activation stage must be complete when its first chunk is");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
 
@@ -534,21 +542,25 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int tile_base = (nblk * WARPS + warp) * RT;  // this warp's row tiles: tile_base .. tile_base + RT - 1
   const bool rows_live = tile_base < p.n16;
-  uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * ST * RT * SLOT;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
 
   if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
     for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
   }
-  // The first ST - 1 chunks of weights (cp.async, committed below with the activations as the first group).
-  auto issue_first = [&](const WeightStream<F, RT>& ws) {
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s)
-      if (c_begin + s < c_end) ws.template copy<ST>(p, ring, c_begin + s, lane);
+  // The weight stream: its first kStages chunks (cp.async, committed below with the activations as the first
+  // group), then one chunk a main-loop step (issue, once the step's chunk is consumed). Dense, the weight rows are known before the previous kernel
+  // ends: the first copies go out before the wait (launch.cuh); grouped, the block table names the expert, so they
+  // wait for the kernel that wrote it (the stream is made again for the expert's rows).
+  WeightStream<F, RT> weights(p, tile_base, tile_base, lane, ring, c_begin);
+  auto issue = [&]() {
+    if (weights.next < c_end) weights.template copy_next<kStages>(p, lane);
   };
-  // Dense, the weight rows are known before the previous kernel ends: their first copies go out before the wait
-  // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
+  auto issue_first = [&]() {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) issue();
+  };
   const bool grouped = p.order != nullptr;
-  if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
+  if (!grouped) issue_first();
   grid_dependency_wait();
 
   __shared__ int src_row[TOK], dst_row[TOK];
@@ -570,12 +582,11 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
     }
   };
 
-  static_assert((ST & (ST - 1)) == 0, "ring slots are chunk & (ST - 1)");
-  const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
-  auto issue = [&](int c) {
-    if (c < c_end) weights.template copy<ST>(p, ring, c, lane);
-  };
-  if (grouped) issue_first(weights);
+  static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
+  if (grouped) {
+    weights = WeightStream<F, RT>(p, tile_global, tile_base, lane, ring, c_begin);
+    issue_first();
+  }
 
   float acc[RT][MT][4];
 #pragma unroll
@@ -583,14 +594,16 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
 #pragma unroll
     for (int j = 0; j < MT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
 
-  // cp.async groups, one committed per chunk in order: group g holds chunk g's weights (and, for the first
-  // chunk of stage s, the activations of stage s+1). Waiting until ST-2 groups remain before chunk i's
-  // commit completes group i; stage s+1's activations (group first(s) + ST-1) are then complete by
-  // first(s+1) = first(s) + XC because XC >= ST - 1. The first group holds the first ST - 1 chunks
-  // (issued above) and the first stage's activations; the next ST - 2 are empty.
+  // cp.async groups, one committed per chunk in order: the first holds the first kStages chunks (issued above) and
+  // the first stage's activations, the next kStages - 1 are empty; then step c commits group c + kStages: chunk
+  // c + kStages's weights, issued into chunk c's slot once the warp has read it (every slot is in flight while a
+  // warp waits: splits of a few chunks, the one-token small linears', have all their weights in flight at once),
+  // and, at the first chunk of stage s, the activations of stage s+1. Waiting until kStages-1 groups remain at
+  // step c completes group c, so chunk c; stage s+1's activations (group first(s) + kStages) by first(s+1) =
+  // first(s) + XC, as XC >= kStages.
   if (c_begin < c_end) load_stage(c_begin, 0);
 #pragma unroll
-  for (int s = 0; s < ST - 1; ++s) cp_async_commit();
+  for (int s = 0; s < kStages; ++s) cp_async_commit();
   // This lane's pieces E/8·t + g sit at g ^ (swizzle of t) within its E/8: offsets per g & mask, in elements.
   constexpr int SW = x_swizzle_mask<F>();
   int xoff[SW + 1];
@@ -603,21 +616,19 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
       constexpr int u = decltype(U)::value;
       const int c = base + u;
       if (c < c_end) {  // uniform over the CTA
-        cp_async_wait<ST - 2>();
+        cp_async_wait<kStages - 1>();
         if (u == 0) {
           __syncthreads();  // this stage's activations are visible; every warp is done with the last one
           if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
         }
-        __syncwarp();  // the scale bytes other lanes copied are visible; slot c-1 is free
-        issue(c + ST - 1);
-        cp_async_commit();
+        __syncwarp();  // the scale bytes other lanes copied are visible
         if (rows_live) {
           uint4 w[RT][2];
           typename F::S sc[RT][2];
           float part[RT][MT][4];
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
-            const uint8_t* slot = ring + ((c & (ST - 1)) * RT + r) * SLOT;
+            const uint8_t* slot = ring + ((c & (kStages - 1)) * RT + r) * SLOT;
             w[r][0] = *reinterpret_cast<const uint4*>(slot + 16 * lane);
             w[r][1] = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
             const uint8_t* m = slot + 1024;
@@ -649,7 +660,7 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
           if constexpr (F::ACC) {  // rows q and q+8: c0,c1 and c2,c3
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
-              const uint8_t* m = ring + ((c & (ST - 1)) * RT + r) * SLOT + 1024;
+              const uint8_t* m = ring + ((c & (kStages - 1)) * RT + r) * SLOT + 1024;
               float s2[2];
               if constexpr (F::E == 64) {
                 s2[0] = F::acc_scale(m + q * F::META);
@@ -664,6 +675,9 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
             }
           }
         }
+        __syncwarp();  // every lane has read chunk c's slot
+        issue();       // chunk c + kStages, into that slot
+        cp_async_commit();
       }
     });
     buf ^= 1;
@@ -674,66 +688,54 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT, ST>()) mma
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
-template <class F, int MT, int RT, int ST>
+template <class F, int MT, int RT>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<F, MT, ST>();
+  constexpr int bytes = smem_bytes<F, MT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
-  auto kernel = mma_gemm_kernel<F, MT, RT, ST>;
+  auto kernel = mma_gemm_kernel<F, MT, RT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * kWarps / RT), bytes, stream, p);
 }
 
-// fn(std::integral_constant<int, MT>, <RT>, <ST>) for a plan's (mt, rt, stages): the instantiated kernels are every
-// token tile and row tiling at kStages, and the one-token tile of one row tile a warp at kDeepStages
-// (mma_plan_error names the combinations).
-template <class R, class Fn>
-R with_kernel(int mt, int rt, int st, R fallback, Fn&& fn) {
-  using std::integral_constant;
-  if (st == kDeepStages) {
-    if (mt == 1 && rt == 1)
-      return fn(integral_constant<int, 1>{}, integral_constant<int, 1>{}, integral_constant<int, kDeepStages>{});
-    return fallback;
-  }
-  if (st != kStages) return fallback;
-  auto by_mt = [&](auto RT) -> R {
-    switch (mt) {
-      case 1: return fn(integral_constant<int, 1>{}, RT, integral_constant<int, kStages>{});
-      case 2: return fn(integral_constant<int, 2>{}, RT, integral_constant<int, kStages>{});
-      case 4: return fn(integral_constant<int, 4>{}, RT, integral_constant<int, kStages>{});
-      default: return fallback;
-    }
-  };
-  return rt == 2 ? by_mt(integral_constant<int, 2>{}) : rt == 1 ? by_mt(integral_constant<int, 1>{}) : fallback;
-}
-
-template <class F>
-cudaError_t launch_cfg(int mt, int rt, int st, const MmaParams& p, int nblocks, cudaStream_t stream) {
+template <class F, int RT>
+cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stream) {
   const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
-  return with_kernel(mt, rt, st, cudaErrorInvalidValue, [&](auto MT, auto RT, auto ST) {
-    return launch<F, decltype(MT)::value, decltype(RT)::value, decltype(ST)::value>(p, mtiles, nblocks, stream);
-  });
+  switch (mt) {
+    case 1: return launch<F, 1, RT>(p, mtiles, nblocks, stream);
+    case 2: return launch<F, 2, RT>(p, mtiles, nblocks, stream);
+    case 4: return launch<F, 4, RT>(p, mtiles, nblocks, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <class F>
-int blocks_per_sm_cfg(int mt, int rt, int st) {
-  return with_kernel(mt, rt, st, 0, [&](auto MT, auto RT, auto ST) {
-    constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, st_ = decltype(ST)::value;
-    auto kernel = mma_gemm_kernel<F, mt_, rt_, st_>;
-    constexpr int bytes = smem_bytes<F, mt_, st_>();
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return 0;
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps / rt_, bytes) != cudaSuccess)
-      return 0;
-    return blocks;
-  });
+cudaError_t launch_cfg(int mt, int rt, const MmaParams& p, int nblocks, cudaStream_t stream) {
+  return rt == 2 ? launch_mt<F, 2>(mt, p, nblocks, stream) : launch_mt<F, 1>(mt, p, nblocks, stream);
+}
+
+template <class F, int MT, int RT>
+int blocks_per_sm() {
+  auto kernel = mma_gemm_kernel<F, MT, RT>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps / RT, smem_bytes<F, MT>()) != cudaSuccess)
+    return 0;
+  return blocks;
+}
+
+template <class F>
+int blocks_per_sm_cfg(int mt, int rt) {
+  if (rt == 2) return mt == 1 ? blocks_per_sm<F, 1, 2>() : mt == 2 ? blocks_per_sm<F, 2, 2>() : blocks_per_sm<F, 4, 2>();
+  return mt == 1 ? blocks_per_sm<F, 1, 1>() : mt == 2 ? blocks_per_sm<F, 2, 1>() : blocks_per_sm<F, 4, 1>();
 }
 
 // Declares (`extern`) or instantiates (nothing) the kernels of decode functor F: mma_gemm.cu declares every
 // format's, mma_gemm_<format>.cu instantiates its own, so the formats compile in parallel translation units.
 #define B12X_MMA_KERNELS(PREFIX, F)                                                        \
-  PREFIX template cudaError_t launch_cfg<F>(int, int, int, const MmaParams&, int, cudaStream_t); \
-  PREFIX template int blocks_per_sm_cfg<F>(int, int, int);
+  PREFIX template cudaError_t launch_cfg<F>(int, int, const MmaParams&, int, cudaStream_t); \
+  PREFIX template int blocks_per_sm_cfg<F>(int, int);
 
 }  // namespace mma
 }  // namespace b12x

@@ -59,7 +59,7 @@ class MmaShard:
                 tables=device_ptr(self.tables), row_scale=device_ptr(row_scale), alpha=self.alpha,
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
-                stages=config.stages, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
+                epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
             )  # fmt: skip
         return self.plans[key]
 
@@ -69,11 +69,9 @@ class MmaConfig:
     mt: int  # token tile of 8·mt tokens
     splits: int  # K splits (deterministic in-order reduction when > 1)
     rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
-    stages: int = 4  # mma_gemm's per-warp weight ring: 4 slots, or 8 at one-token tiles of one row tile a warp
 
     def __str__(self) -> str:
-        deep = f", {self.stages}-chunk ring" if self.stages != 4 else ""
-        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{deep}"
+        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits"
 
 
 def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
