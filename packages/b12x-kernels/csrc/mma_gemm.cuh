@@ -36,7 +36,7 @@ namespace b12x {
 namespace mma {
 
 constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 rows, 8 / RT warps
-constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks, every slot in flight between chunks
+constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
 // The kernel's parameters: the host's arguments plus what it derives from them once.
@@ -81,11 +81,9 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(src_bytes));
-}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -274,8 +272,8 @@ struct FmtIQ2 {
 
 // ---------------------------------------------------------------------------------------------- kernel
 template <class F>
-constexpr int stage_chunks() {  // chunks per activation stage (>= kStages, see the group count below)
-  return kStages;
+constexpr int stage_chunks() {  // chunks per activation stage (>= kStages - 1, see the group count below)
+  return F::KB >= 256 ? 3 : 4;
 }
 // Activation rows in shared memory. A B-operand load (LDS.128) serves lanes (q, t): lanes t of one token read
 // 16-byte pieces p = E/8·t + g of the chunk; for E > 16 those collide in banks (t and t+2 are 128 bytes
@@ -341,60 +339,50 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
   return expert;
 }
 
-// One warp's weight copies, chunk after chunk: chunk `next` of its RT row tiles (from tile_base) into ring slot
-// (next % STAGES, tile r) by cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. /
-// 16.. copy the tile's scale bytes (16 rows × META / META2). The source pointers advance one chunk a copy and the ring
-// address is a shared-memory offset: the address arithmetic of a copy is a few adds (recomputing the 64-bit tile
-// offsets from the chunk index took 30 of the one-token tile's ~210 instructions a chunk: SASS, 2026-12-03).
+// One warp's weight copies: chunk c of its RT row tiles (from tile_base) into ring slot (c % STAGES, tile r) by
+// cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. / 16.. copy the tile's
+// scale bytes (16 rows × META / META2). The tile pointers advance by one tile per chunk.
 template <class F, int RT>
 struct WeightStream {
   static constexpr int SLOT = slot_bytes<F>();
-  const uint4* codes;     // chunk `next` of the first row tile: this lane's piece of its first half
-  const uint8_t* meta;    // its scale bytes: this lane's 16 (lanes < META)
-  const uint8_t* meta2;   // its second scale bytes: lane - 16's 16 (lanes 16 .. 16 + META2)
-  size_t tile_stride;     // chunks between row tiles (the repack stores a row tile's chunks in a row)
-  uint32_t ring_lane;     // shared address of ring slot 0, plus this lane's 16 bytes
+  const uint4* code_base;
+  const uint8_t* meta_base;
+  const uint8_t* meta2_base;
   int tile_global, live;  // live: the warp's row tiles inside the weight
-  int next;               // the chunk the next copy takes
 
-  __device__ WeightStream(const MmaParams& p, int tile_global_, int tile_base, int lane, const uint8_t* ring, int c0)
-      : codes(reinterpret_cast<const uint4*>(p.codes) + (size_t(tile_global_) * p.chunks + c0) * 64 + lane),
-        meta(p.meta + (size_t(tile_global_) * p.chunks + c0) * 16 * F::META + 16 * lane),
-        meta2(p.meta2 + (size_t(tile_global_) * p.chunks + c0) * 16 * F::META2 + 16 * (lane - 16)),
-        tile_stride(p.chunks),
-        ring_lane(static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + 16 * lane),
+  __device__ WeightStream(const MmaParams& p, int tile_global_, int tile_base, int lane)
+      : code_base(reinterpret_cast<const uint4*>(p.codes) + size_t(tile_global_) * p.chunks * 64 + lane),
+        meta_base(p.meta + size_t(tile_global_) * p.chunks * 16 * F::META + 16 * lane),
+        meta2_base(p.meta2 + size_t(tile_global_) * p.chunks * 16 * F::META2 + 16 * (lane - 16)),
         tile_global(tile_global_),
-        live(min(RT, p.n16 - tile_base)),
-        next(c0) {}
+        live(min(RT, p.n16 - tile_base)) {}
 
   template <int STAGES>
-  __device__ __forceinline__ void copy_next(const MmaParams& p, int lane) {
-    const uint32_t slot = ring_lane + (unsigned(next) % STAGES) * (RT * SLOT);
+  __device__ __forceinline__ void copy(const MmaParams& p, uint8_t* ring, int c, int lane) const {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       if (r >= live) break;
-      const uint4* c = codes + r * tile_stride * 64;
-      cp_async16(slot + r * SLOT, c, 16);
-      cp_async16(slot + r * SLOT + 512, c + 32, 16);
+      const size_t tile = size_t(r) * p.chunks + c;  // relative to tile_base
+      uint8_t* slot = ring + ((unsigned(c) % STAGES) * RT + r) * SLOT;
+      const uint4* codes = code_base + tile * 64;
+      cp_async16(slot + 16 * lane, codes, 16);
+      cp_async16(slot + 512 + 16 * lane, codes + 32, 16);
       if constexpr (F::META > 0) {
-        if (lane < F::META) cp_async16(slot + r * SLOT + 1024, meta + r * tile_stride * 16 * F::META, 16);
+        if (lane < F::META) cp_async16(slot + 1024 + 16 * lane, meta_base + tile * 16 * F::META, 16);
       }
-      if constexpr (F::META2 > 0) {  // lane - 16's 16 bytes after the META bytes (ring_lane holds 16·lane)
+      if constexpr (F::META2 > 0) {
         if (lane >= 16 && lane < 16 + F::META2)
-          cp_async16(slot + r * SLOT + 1024 + 16 * F::META - 256, meta2 + r * tile_stride * 16 * F::META2, 16);
+          cp_async16(slot + 1024 + 16 * F::META + 16 * (lane - 16), meta2_base + tile * 16 * F::META2, 16);
       }
       if constexpr (F::ACC && F::E != 64) {  // FP8_BLOCK: the chunk's block scale (uniform over the tile)
         if (lane == 0) {
           const int kblocks = (p.K + 127) / 128;
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(slot + r * SLOT + 1024),
-                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (next * F::KB) / 128));
+          const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(slot + 1024));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s),
+                       "l"(p.block_scale + size_t((tile_global + r) / 8) * kblocks + (c * F::KB) / 128));
         }
       }
     }
-    codes += 64;
-    meta += 16 * F::META;
-    meta2 += 16 * F::META2;
-    ++next;
   }
 };
 
@@ -532,7 +520,7 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   constexpr int WARPS = 8 / RT, THREADS = 32 * WARPS;
   constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
   constexpr int SLOT = slot_bytes<F>();
-  static_assert(XC >= kStages, "an activation stage must be complete when its first chunk is");
+  static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
 
@@ -547,20 +535,16 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
     for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
   }
-  // The weight stream: its first kStages chunks (cp.async, committed below with the activations as the first
-  // group), then one chunk a main-loop step (issue, once the step's chunk is consumed). Dense, the weight rows are known before the previous kernel
-  // ends: the first copies go out before the wait (launch.cuh); grouped, the block table names the expert, so they
-  // wait for the kernel that wrote it (the stream is made again for the expert's rows).
-  WeightStream<F, RT> weights(p, tile_base, tile_base, lane, ring, c_begin);
-  auto issue = [&]() {
-    if (weights.next < c_end) weights.template copy_next<kStages>(p, lane);
-  };
-  auto issue_first = [&]() {
+  // The first kStages - 1 chunks of weights (cp.async, committed below with the activations as the first group).
+  auto issue_first = [&](const WeightStream<F, RT>& ws) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) issue();
+    for (int s = 0; s < kStages - 1; ++s)
+      if (c_begin + s < c_end) ws.template copy<kStages>(p, ring, c_begin + s, lane);
   };
+  // Dense, the weight rows are known before the previous kernel ends: their first copies go out before the wait
+  // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
   const bool grouped = p.order != nullptr;
-  if (!grouped) issue_first();
+  if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
   grid_dependency_wait();
 
   __shared__ int src_row[TOK], dst_row[TOK];
@@ -583,10 +567,11 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   };
 
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
-  if (grouped) {
-    weights = WeightStream<F, RT>(p, tile_global, tile_base, lane, ring, c_begin);
-    issue_first();
-  }
+  const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
+  auto issue = [&](int c) {
+    if (c < c_end) weights.template copy<kStages>(p, ring, c, lane);
+  };
+  if (grouped) issue_first(weights);
 
   float acc[RT][MT][4];
 #pragma unroll
@@ -594,16 +579,14 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
 #pragma unroll
     for (int j = 0; j < MT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
 
-  // cp.async groups, one committed per chunk in order: the first holds the first kStages chunks (issued above) and
-  // the first stage's activations, the next kStages - 1 are empty; then step c commits group c + kStages: chunk
-  // c + kStages's weights, issued into chunk c's slot once the warp has read it (every slot is in flight while a
-  // warp waits: splits of a few chunks, the one-token small linears', have all their weights in flight at once),
-  // and, at the first chunk of stage s, the activations of stage s+1. Waiting until kStages-1 groups remain at
-  // step c completes group c, so chunk c; stage s+1's activations (group first(s) + kStages) by first(s+1) =
-  // first(s) + XC, as XC >= kStages.
+  // cp.async groups, one committed per chunk in order: group g holds chunk g's weights (and, for the first
+  // chunk of stage s, the activations of stage s+1). Waiting until kStages-2 groups remain before chunk i's
+  // commit completes group i; stage s+1's activations (group first(s) + kStages-1) are then complete by
+  // first(s+1) = first(s) + XC because XC >= kStages - 1. The first group holds the first kStages - 1 chunks
+  // (issued above) and the first stage's activations; the next kStages - 2 are empty.
   if (c_begin < c_end) load_stage(c_begin, 0);
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) cp_async_commit();
+  for (int s = 0; s < kStages - 1; ++s) cp_async_commit();
   // This lane's pieces E/8·t + g sit at g ^ (swizzle of t) within its E/8: offsets per g & mask, in elements.
   constexpr int SW = x_swizzle_mask<F>();
   int xoff[SW + 1];
@@ -616,12 +599,14 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
       constexpr int u = decltype(U)::value;
       const int c = base + u;
       if (c < c_end) {  // uniform over the CTA
-        cp_async_wait<kStages - 1>();
+        cp_async_wait<kStages - 2>();
         if (u == 0) {
           __syncthreads();  // this stage's activations are visible; every warp is done with the last one
           if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
         }
-        __syncwarp();  // the scale bytes other lanes copied are visible
+        __syncwarp();  // the scale bytes other lanes copied are visible; slot c-1 is free
+        issue(c + kStages - 1);
+        cp_async_commit();
         if (rows_live) {
           uint4 w[RT][2];
           typename F::S sc[RT][2];
@@ -675,9 +660,6 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
             }
           }
         }
-        __syncwarp();  // every lane has read chunk c's slot
-        issue();       // chunk c + kStages, into that slot
-        cp_async_commit();
       }
     });
     buf ^= 1;
