@@ -11,6 +11,14 @@
 #define B12X_WGMMA_DEVICE 1
 #endif
 
+// B12X_WGMMA_LEAN=1 (a build switch: CMake -DB12X_WGMMA_LEAN=ON, or the environment variable of that name at pip
+// install) builds wgmma_gemm.cu's register-A kernel with the same copies and wgmmas from fewer instructions (a
+// warp-uniform warp index, shared addresses and weight pointers computed once, descriptors by adds). Off by default:
+// no plan runs it until a device call has timed it against the default build (docs/performance.md, 2026-12-03).
+#ifndef B12X_WGMMA_LEAN
+#define B12X_WGMMA_LEAN 0
+#endif
+
 namespace b12x {
 namespace wgmma {
 using namespace mma;  // decode functors, MmaParams, tile_rows, WeightStream, store_tile
@@ -84,6 +92,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
+}
+// bulk_copy with both shared-memory addresses already 32-bit (shared window offsets).
+__device__ __forceinline__ void bulk_copy_to(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
       : "memory");
 }
 // Keeps the compiler from moving accumulator reads or writes across the wgmma fences (CUTLASS's

@@ -78,7 +78,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   constexpr int XBYTES = x_stage_bytes<F, MT>(), SLOT = slot_bytes<F>();
   static_assert(STEPS == 2 * GROUPS, "two k16 steps per decode group");
 
+#if B12X_WGMMA_LEAN
+  // The warp index through a shuffle from lane 0: the compiler then knows it (and the weight addresses, ring slots and
+  // barriers derived from it) warp-uniform, so lane 0's bulk copies take uniform registers as they are.
+  const int lane = threadIdx.x & 31, warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), q = lane >> 2, t = lane & 3;
+#else
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
+#endif
   const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
   const int c_begin = split * p.chunks_per_split;
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
@@ -125,17 +131,51 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
       bulk_copy(xring + stage * XBYTES, staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16), x_bytes, bar,
                 x_policy);
   };
-  auto issue = [&](int c) { issue_part(c, true, true); };
+#if B12X_WGMMA_LEAN
+  // The same copies from addresses computed once: shared-memory addresses as 32-bit offsets (no generic-to-shared
+  // conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set again for the expert
+  // when grouped, below).
+  const uint32_t ring_addr = smem_addr(ring), full_addr = smem_addr(full);
+  const uint8_t* codes_base = p.codes + tile_global * p.chunks * 1024;  // dense; grouped: set after the wait
+  const uint8_t* meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
+  const uint8_t* x_base = staged + size_t(mtile) * MT * (KB * 16);
+  const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
+  const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
+  auto issue_part_lean = [&](int c, bool weights_part, bool x_part) {
+    if (c >= c_end || lane != 0) return;
+    const uint32_t stage = unsigned(c - c_begin) % S, bar = full_addr + 8 * stage;
+    if (weights_part) {
+      fence_proxy_async();
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(expect_bytes) : "memory");
+      if (live) {
+        const uint32_t slot = ring_addr + stage * SLOT;
+        bulk_copy_to(slot, codes_base + size_t(c) * 1024, 1024, bar, weights_policy);
+        if constexpr (F::META > 0)
+          bulk_copy_to(slot + 1024, meta_base + size_t(c) * 16 * F::META, 16 * F::META, bar, weights_policy);
+      }
+    }
+    if (x_part && warp == 0 && x_bytes)
+      bulk_copy_to(xring_addr + stage * XBYTES, x_base + size_t(c) * groups * (KB * 16), x_bytes, bar, x_policy);
+  };
+  auto part = [&](int c, bool weights_part, bool x_part) { issue_part_lean(c, weights_part, x_part); };
+#else
+  auto part = [&](int c, bool weights_part, bool x_part) { issue_part(c, weights_part, x_part); };
+#endif
+  auto issue = [&](int c) { part(c, true, true); };
 
   if constexpr (!GROUPED) {
     __syncthreads();  // publishes the initialised mbarriers to the warps' lanes 0
 #pragma unroll
-    for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
+    for (int s = 0; s < S - 2; ++s) part(c_begin + s, true, false);
   }
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
   if (expert < 0) return;
   tile_global = size_t(expert) * p.n16 + tile_base;
+#if B12X_WGMMA_LEAN
+  codes_base = p.codes + tile_global * p.chunks * 1024;
+  meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
+#endif
 
   float acc[1][MT][4];
   float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
@@ -178,17 +218,25 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     fence_operands(d);
     wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
     const uint32_t xs = xring_addr + stage * XBYTES;
+#if B12X_WGMMA_LEAN
+    const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
+    static_for<STEPS>([&](auto St) {
+      constexpr int s = decltype(St)::value;
+      mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
+    });
+#else
     static_for<STEPS>([&](auto St) {
       constexpr int s = decltype(St)::value;
       mma_async<TOK>(d, a[par][s], smem_desc<KB * 16>(xs + s * 256));
     });
+#endif
     wg_commit();
     wg_wait<1>();
     fence_operands(d);
   };
 
 #pragma unroll
-  for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
+  for (int s = 0; s < S - 2; ++s) part(c_begin + s, GROUPED, true);  // dense: the weights went out above
   for (int c = c_begin; c < c_end; c += 2) {
     chunk(c, std::integral_constant<int, 0>{});
     if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
