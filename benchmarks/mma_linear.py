@@ -3,7 +3,7 @@ o 8192×8192, gate_up 57344×8192, down 8192×28672) for every format over M, be
 torch._scaled_mm (per-tensor, pre-quantized activations, M padded to 16) in the same run.
 
     python benchmarks/mma_linear.py --out mma.json [--png mma.png] [--ms 1,2,...] [--formats ...] [--sweep]
-        [--model 70b|8b] [--pdl-ab] [--per-linear]
+        [--model 70b|8b] [--pdl-ab] [--balance-ab] [--per-linear]
 
 --model 8b takes a Llama-3.1-8B layer's linears instead (qkv 6144×4096, o 4096×4096, gate_up 28672×4096, down
 4096×14336).
@@ -16,7 +16,8 @@ every token tile × K split at each M and reports the best beside the default co
 the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
 norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
-alone over the copies) to the default configuration's rows.
+alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, the
+experimental CTA heights and splits of gemm.balanced_config (6-8 row tiles a CTA: even work per SM) in the same run.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
     parser.add_argument("--per-linear", action="store_true", help="also time each linear alone")
+    parser.add_argument("--balance-ab", action="store_true", help="one-token tiles: also gemm.balanced_config")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
@@ -139,7 +141,7 @@ def main() -> None:
             def timed(configs, copies=layers, only=None):
                 """The layer's time under `configs` (one per linear), or linear `only`'s alone."""
                 wss = [
-                    gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda")
+                    gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", rows_per_cta=16 * c.tiles)
                     for s, c in zip(one_layer, configs, strict=True)
                 ]
 
@@ -165,6 +167,10 @@ def main() -> None:
                     results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
                 else:
                     results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
+                if args.balance_ab and mt == 1 and rt == 1:
+                    balanced = [gemm.balanced_config(m, s.n, s.chunks, sms) for s in one_layer]
+                    blabel = "balanced rt1 " + " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in balanced)
+                    results.append((timed(balanced), blabel, per_linear(balanced) if args.per_linear else None))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

@@ -62,8 +62,8 @@ if ! skip pdl; then  # programmatic dependent launch against plain launches, sam
     say "model decode, B12X_PDL=$flag: exit $?"; grep -E "tok/s" "$out/pdl_model_$flag.log" | tail -12
   done
 fi
-if ! skip linears; then  # the tensor-core GEMM's default configurations: the 8B layer and each linear alone
-  timeout 200 python3 benchmarks/mma_linear.py --model 8b --per-linear --rt 1 --out "$out/linears.json" \
+if ! skip linears; then  # the tensor-core GEMM, the 8B layer and each linear alone: default and balanced configs
+  timeout 200 python3 benchmarks/mma_linear.py --model 8b --per-linear --balance-ab --rt 1 --out "$out/linears.json" \
     ${LINEARS:---formats NVFP4,FP8,Q8_0,IQ2_XS,MXFP4 --ms 1,4,8 --replays 20} > "$out/linears.log" 2>&1
   say "linears: exit $?"; grep -E "^M=|^    [a-z_]+ " "$out/linears.log" | cut -c1-150
 fi

@@ -234,6 +234,29 @@ def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
         assert -(-n // 128) * (config["splits"] + 1) > 2 * H200.sms
 
 
+def test_balanced_one_token_configs_never_load_an_sm_more(rng):
+    """gemm.balanced_config (experimental: CTA heights of 6-8 row tiles, no backend uses it yet) never gives the
+    busiest SM more row-tile chunks than the default split does, stays within one wave of two CTAs an SM when it
+    splits, and leaves larger token tiles to the default."""
+    from b12x_core.tensor_core import gemm
+
+    sms = H200.sms
+    for _ in range(200):
+        n, chunks = int(rng.integers(1, 4000)) * 16, int(rng.integers(1, 256))
+        n16 = n // 16
+
+        def busiest(c, n16=n16, chunks=chunks):
+            ctas = -(-n16 // c.tiles) * c.splits
+            return -(-ctas // sms) * c.tiles * -(-chunks // c.splits)
+
+        default = gemm.default_config(1, n, chunks, 2 * sms, sms=sms)
+        balanced = gemm.balanced_config(1, n, chunks, sms)
+        assert balanced.mt == 1 and balanced.rt == 1 and balanced.tiles in (6, 7, 8)
+        assert busiest(balanced) <= busiest(default), (n, chunks, default, balanced)
+        assert balanced.splits == 1 or -(-n16 // balanced.tiles) * balanced.splits <= 2 * sms
+    assert gemm.balanced_config(64, 4096, 32, sms).tiles == 8
+
+
 def moe_query(fmt, device, max_tokens=4096, experts=128, hidden=2048, inter=768):
     from b12x_core.backends import MoEShape
 

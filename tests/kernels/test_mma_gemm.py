@@ -37,7 +37,7 @@ def _case(rng, fmt, n, k):
 def _run(x, shards, n, bias, config):
     m = x.shape[0]
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", rows_per_cta=16 * config.tiles)
     gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
     assert int(ws.tickets.abs().sum()) == 0  # left ready for the next call
     return y
@@ -63,6 +63,33 @@ def test_matches_the_oracle(rng, fmt):
                     for splits in sorted({1, min(3, chunks), chunks}):
                         y = _run(x, shards, n, bias, gemm.MmaConfig(mt, splits, rt))
                         close(y, ref, slack=rounding_slack(fmt, x, w64))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shorter_ctas_sum_as_the_full_ones(rng, fmt):
+    """One-token tiles in CTAs of 6 or 7 row tiles (MmaConfig.tiles, experimental): each row tile's chunks in the same
+    order and the same split reduction, so the same bits as CTAs of 8, and the oracle's values; N with a last CTA
+    of a few live rows, splits shorter than the ring."""
+    for n, k in _shapes(fmt):
+        w64, shards = _case(rng, fmt, n, k)
+        chunks = shards[0].chunks
+        for m in (1, 5, 19):
+            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to("cuda", torch.bfloat16)
+            ref = x.double().cpu() @ w64.T
+            for splits in sorted({1, min(3, chunks), chunks}):
+                full = _run(x, shards, n, None, gemm.MmaConfig(1, splits))
+                for tiles in (6, 7):
+                    short = _run(x, shards, n, None, gemm.MmaConfig(1, splits, tiles=tiles))
+                    assert torch.equal(short, full), (tiles, splits, m, n, k)
+                close(full, ref, slack=rounding_slack(fmt, x, w64))
+
+
+def test_cta_heights_the_kernel_lacks_are_refused(rng):
+    _, shards = _case(rng, "NVFP4", 32, 256)
+    x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
+    for config in (gemm.MmaConfig(2, 1, tiles=7), gemm.MmaConfig(1, 1, rt=2, tiles=6), gemm.MmaConfig(1, 1, tiles=5)):
+        with pytest.raises(ValueError, match="tiles"):
+            _run(x, shards, 32, None, config)
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])

@@ -55,7 +55,7 @@ struct MmaCall {
 };
 
 // CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.
-int mma_blocks_per_sm(int format, int mt, int rt);
+int mma_blocks_per_sm(int format, int mt, int rt, int tiles);
 // Why a plan cannot run (null when it can): checked once per call, before anything launches.
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);

@@ -34,9 +34,8 @@ R with_format(int format, R fallback, Fn&& fn) {
 }
 }  // namespace
 
-int mma_blocks_per_sm(int format, int mt, int rt) {
-  if ((mt != 1 && mt != 2 && mt != 4) || (rt != 1 && rt != 2)) return 0;
-  return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt); });
+int mma_blocks_per_sm(int format, int mt, int rt, int tiles) {
+  return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt, tiles); });
 }
 
 const char* mma_plan_error(const MmaPlan& p) {
@@ -46,6 +45,8 @@ const char* mma_plan_error(const MmaPlan& p) {
   if (p.chunks * ck < p.K) return "mma_gemm: the repacked weight covers fewer than K columns";
   if (p.mt != 1 && p.mt != 2 && p.mt != 4) return "mma_gemm: mt must be 1, 2 or 4";
   if (p.rt != 1 && p.rt != 2) return "mma_gemm: rt must be 1 or 2";
+  if (p.tiles != kWarps && !((p.tiles == 6 || p.tiles == 7) && p.mt == 1 && p.rt == 1))
+    return "mma_gemm: tiles must be 8, or 6 or 7 at mt 1 and rt 1";
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
@@ -64,9 +65,10 @@ cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stre
     p.block_start = call.table + call.blocks;
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
-  const int nblocks = (p.n16 + kWarps - 1) / kWarps;  // kWarps row tiles (128 rows) per CTA
-  return with_format(plan.format, cudaErrorInvalidValue,
-                     [&](auto f) { return launch_cfg<decltype(f)>(plan.mt, plan.rt, p, nblocks, stream); });
+  const int nblocks = (p.n16 + plan.tiles - 1) / plan.tiles;  // `tiles` row tiles (16·tiles rows) per CTA
+  return with_format(plan.format, cudaErrorInvalidValue, [&](auto f) {
+    return launch_cfg<decltype(f)>(plan.mt, plan.rt, plan.tiles, p, nblocks, stream);
+  });
 }
 
 }  // namespace b12x

@@ -36,6 +36,10 @@ namespace b12x {
 namespace mma {
 
 constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 rows, 8 / RT warps
+// Row tiles per CTA, TILES: kWarps for every configuration, and 6 or 7 (6 or 7 warps) for the one-token tile of one
+// row tile a warp (MmaPlan::tiles). At one token a CTA streams its weights for the whole call and one wave holds every
+// CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
+// busy SMs'; 112-row CTAs (256) give nearly every SM two (experimental: no plan picks it until timed).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
@@ -296,13 +300,13 @@ template <class F>
 constexpr int slot_bytes() {  // one chunk of a warp: 1 KB of codes, then its 16 rows' scale bytes
   return 1024 + 16 * F::META + 16 * F::META2 + (F::ACC && F::E != 64 ? 16 : 0);
 }
-template <class F, int MT>
+template <class F, int MT, int TILES = kWarps>
 constexpr int smem_bytes() {
-  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + kWarps * kStages * slot_bytes<F>();
+  return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + TILES * kStages * slot_bytes<F>();
 }
-template <class F, int MT>
+template <class F, int MT, int TILES = kWarps>
 constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 2..4
-  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT>() + 1024);
+  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, TILES>() + 1024);
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
 
@@ -514,10 +518,11 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
 // A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
 // each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
-template <class F, int MT, int RT>
-__global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gemm_kernel(const MmaParams p) {
+template <class F, int MT, int RT, int TILES = kWarps>
+__global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
-  constexpr int WARPS = 8 / RT, THREADS = 32 * WARPS;
+  constexpr int WARPS = TILES / RT, THREADS = 32 * WARPS;
+  static_assert(TILES % RT == 0 && THREADS >= 8 * MT, "whole warps; a thread per token of the tile");
   constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
   constexpr int SLOT = slot_bytes<F>();
   static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
@@ -670,54 +675,64 @@ __global__ void __launch_bounds__(32 * kWarps / RT, min_blocks<F, MT>()) mma_gem
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
-template <class F, int MT, int RT>
+template <class F, int MT, int RT, int TILES = kWarps>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<F, MT>();
+  constexpr int bytes = smem_bytes<F, MT, TILES>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
-  auto kernel = mma_gemm_kernel<F, MT, RT>;
+  auto kernel = mma_gemm_kernel<F, MT, RT, TILES>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * kWarps / RT), bytes, stream, p);
+  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * TILES / RT), bytes, stream, p);
 }
 
-template <class F, int RT>
-cudaError_t launch_mt(int mt, const MmaParams& p, int nblocks, cudaStream_t stream) {
-  const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
-  switch (mt) {
-    case 1: return launch<F, 1, RT>(p, mtiles, nblocks, stream);
-    case 2: return launch<F, 2, RT>(p, mtiles, nblocks, stream);
-    case 4: return launch<F, 4, RT>(p, mtiles, nblocks, stream);
-    default: return cudaErrorInvalidValue;
+// fn(integral_constant MT, RT, TILES) for a plan's (mt, rt, tiles): every token tile and row tiling at kWarps row
+// tiles a CTA, and the one-token tile of one row tile a warp at 6 or 7 (mma_plan_error names the combinations).
+template <class R, class Fn>
+R with_kernel(int mt, int rt, int tiles, R fallback, Fn&& fn) {
+  using std::integral_constant;
+  if (tiles != kWarps) {
+    if (mt != 1 || rt != 1) return fallback;
+    if (tiles == 7) return fn(integral_constant<int, 1>{}, integral_constant<int, 1>{}, integral_constant<int, 7>{});
+    if (tiles == 6) return fn(integral_constant<int, 1>{}, integral_constant<int, 1>{}, integral_constant<int, 6>{});
+    return fallback;
   }
+  auto by_mt = [&](auto RT) -> R {
+    switch (mt) {
+      case 1: return fn(integral_constant<int, 1>{}, RT, integral_constant<int, kWarps>{});
+      case 2: return fn(integral_constant<int, 2>{}, RT, integral_constant<int, kWarps>{});
+      case 4: return fn(integral_constant<int, 4>{}, RT, integral_constant<int, kWarps>{});
+      default: return fallback;
+    }
+  };
+  return rt == 2 ? by_mt(integral_constant<int, 2>{}) : rt == 1 ? by_mt(integral_constant<int, 1>{}) : fallback;
 }
 
 template <class F>
-cudaError_t launch_cfg(int mt, int rt, const MmaParams& p, int nblocks, cudaStream_t stream) {
-  return rt == 2 ? launch_mt<F, 2>(mt, p, nblocks, stream) : launch_mt<F, 1>(mt, p, nblocks, stream);
-}
-
-template <class F, int MT, int RT>
-int blocks_per_sm() {
-  auto kernel = mma_gemm_kernel<F, MT, RT>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
-    return 0;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps / RT, smem_bytes<F, MT>()) != cudaSuccess)
-    return 0;
-  return blocks;
+cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblocks, cudaStream_t stream) {
+  const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
+  return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
+    return launch<F, decltype(MT)::value, decltype(RT)::value, decltype(TL)::value>(p, mtiles, nblocks, stream);
+  });
 }
 
 template <class F>
-int blocks_per_sm_cfg(int mt, int rt) {
-  if (rt == 2) return mt == 1 ? blocks_per_sm<F, 1, 2>() : mt == 2 ? blocks_per_sm<F, 2, 2>() : blocks_per_sm<F, 4, 2>();
-  return mt == 1 ? blocks_per_sm<F, 1, 1>() : mt == 2 ? blocks_per_sm<F, 2, 1>() : blocks_per_sm<F, 4, 1>();
+int blocks_per_sm_cfg(int mt, int rt, int tiles) {
+  return with_kernel(mt, rt, tiles, 0, [&](auto MT, auto RT, auto TL) {
+    constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
+    auto kernel = mma_gemm_kernel<F, mt_, rt_, tl_>;
+    constexpr int bytes = smem_bytes<F, mt_, tl_>();
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * tl_ / rt_, bytes) != cudaSuccess) return 0;
+    return blocks;
+  });
 }
 
 // Declares (`extern`) or instantiates (nothing) the kernels of decode functor F: mma_gemm.cu declares every
 // format's, mma_gemm_<format>.cu instantiates its own, so the formats compile in parallel translation units.
 #define B12X_MMA_KERNELS(PREFIX, F)                                                        \
-  PREFIX template cudaError_t launch_cfg<F>(int, int, const MmaParams&, int, cudaStream_t); \
-  PREFIX template int blocks_per_sm_cfg<F>(int, int);
+  PREFIX template cudaError_t launch_cfg<F>(int, int, int, const MmaParams&, int, cudaStream_t); \
+  PREFIX template int blocks_per_sm_cfg<F>(int, int, int);
 
 }  // namespace mma
 }  // namespace b12x

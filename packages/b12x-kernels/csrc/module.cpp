@@ -109,7 +109,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("plan"), py::arg("x"), py::arg("x_scale"), py::arg("bias"), py::arg("y"), py::arg("M"),
       py::arg("stream"));
 
-  m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"));
+  m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"),
+        py::arg("tiles") = 8);
 
   m.def(
       "mma_gemm",

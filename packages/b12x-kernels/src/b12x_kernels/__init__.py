@@ -75,7 +75,7 @@ def _needs_build(name: str):
 #   wgmma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, staged, stream)   the Hopper (sm_90a) form of
 #       mma_gemm; staged: scratch for x in the MMA's operand order (csrc/kernels.h says its size)
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
-#   mma_blocks_per_sm(format_id, mt, rt): CTAs of the tensor-core GEMM one SM of the current device holds
+#   mma_blocks_per_sm(format_id, mt, rt, tiles=8): CTAs of the tensor-core GEMM one SM of the current device holds
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")

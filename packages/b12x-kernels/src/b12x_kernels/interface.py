@@ -113,6 +113,7 @@ MmaPlan = _block(
         ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)"),
         ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
+        ("tiles", "int", "mma_gemm: row tiles of 16 per CTA, 8, or 6 / 7 at mt 1 and rt 1 (wgmma_gemm: unread)"),
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),

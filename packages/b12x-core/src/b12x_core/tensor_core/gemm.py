@@ -19,7 +19,7 @@ from b12x_formats.quantized import codec_for
 
 from .. import pdl
 from . import layout
-from .geometry import output_tiles, token_tile, token_tiles
+from .geometry import ROWS_PER_CTA, output_tiles, token_tile, token_tiles
 
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
@@ -59,7 +59,7 @@ class MmaShard:
                 tables=device_ptr(self.tables), row_scale=device_ptr(row_scale), alpha=self.alpha,
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
-                epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
+                tiles=config.tiles, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
             )  # fmt: skip
         return self.plans[key]
 
@@ -69,9 +69,11 @@ class MmaConfig:
     mt: int  # token tile of 8·mt tokens
     splits: int  # K splits (deterministic in-order reduction when > 1)
     rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
+    tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (experimental)
 
     def __str__(self) -> str:
-        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits"
+        rows = f", {16 * self.tiles} rows/CTA" if self.tiles != 8 else ""
+        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{rows}"
 
 
 def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
@@ -131,6 +133,29 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
 
 
+def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16) -> MmaConfig:
+    """Experimental (no backend uses it until a device call has timed it): at one-token tiles, the CTA height (6, 7
+    or 8 row tiles) and K split that give the busiest SM the least work when one wave of STREAMING_CTAS_PER_SM
+    CTAs an SM holds every CTA — row tiles × chunks on the SM with the most CTAs. 8B gate_up (1792 row tiles, 32
+    chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256 CTAs of 7 put 2 × 7 × 32."""
+    mt = token_tile(m)
+    if mt != 1:
+        return MmaConfig(mt, 1)
+    n16 = -(-n // 16)
+    best = None
+    for tiles in (8, 7, 6):
+        blocks = -(-n16 // tiles)
+        for splits in range(1, max(1, min(max_splits, chunks // 4)) + 1):
+            ctas = blocks * splits
+            if splits > 1 and ctas > STREAMING_CTAS_PER_SM * sms:
+                break
+            work = -(-ctas // sms) * tiles * -(-chunks // splits)
+            key = (work, -(ctas // sms), -tiles)  # ties: more CTAs an SM (warps hide the decode's latencies)
+            if best is None or key < best[0]:
+                best = (key, MmaConfig(mt, splits, 1, tiles))
+    return best[1]
+
+
 def split_share(fmt: str, m: int, k: int) -> float:
     """What one more K split costs beside the weights: its fp32 partials of m rows (written, then read back by the
     reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row): independent of N; grows
@@ -182,8 +207,8 @@ class MmaWorkspace:
     tickets: torch.Tensor
 
     @classmethod
-    def create(cls, m: int, n: int, splits: int, mt: int, device) -> MmaWorkspace:
-        tiles = output_tiles(token_tiles(m, mt), n)
+    def create(cls, m: int, n: int, splits: int, mt: int, device, rows_per_cta: int = ROWS_PER_CTA) -> MmaWorkspace:
+        tiles = output_tiles(token_tiles(m, mt), n, rows_per_cta)
         return cls(
             torch.empty(splits * m * n if splits > 1 else 1, dtype=torch.float32, device=device),
             torch.zeros(max(tiles, 1), dtype=torch.int32, device=device),

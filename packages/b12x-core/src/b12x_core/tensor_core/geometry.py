@@ -23,10 +23,10 @@ def token_tiles(m: int, mt: int) -> int:
     return -(-m // (8 * mt))
 
 
-def output_tiles(token_blocks: int, n: int) -> int:
+def output_tiles(token_blocks: int, n: int, rows_per_cta: int = ROWS_PER_CTA) -> int:
     """Output tiles (one CTA's work per K split) of `token_blocks` token tiles × n weight rows; a split-K call
     takes one ticket per output tile."""
-    return token_blocks * -(-n // ROWS_PER_CTA)
+    return token_blocks * -(-n // rows_per_cta)
 
 
 def split_tickets(n: int, rows) -> int:
