@@ -515,8 +515,8 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
   if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
 }
 
-// A CTA covers 128 weight rows (8 row tiles of 16) and one token tile; RT row tiles per warp (8/RT warps) let
-// each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
+// A CTA covers TILES row tiles of 16 weight rows (128 rows) and one token tile; RT row tiles per warp (TILES/RT
+// warps) let each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
 template <class F, int MT, int RT, int TILES = kWarps>
 __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) mma_gemm_kernel(const MmaParams p) {
