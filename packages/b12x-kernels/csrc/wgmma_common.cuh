@@ -37,8 +37,12 @@ __device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 // One arrival on the stage's barrier that also raises its expected transaction bytes by `bytes` (0: a plain arrival).
+// `bar` as a 32-bit shared-window address, or as a pointer.
+__device__ __forceinline__ void bar_arrive_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void bar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  bar_arrive_expect(smem_addr(bar), bytes);
 }
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
@@ -87,20 +91,16 @@ __device__ __forceinline__ uint64_t l2_policy_last() {
   return pol;
 }
 // bytes (a multiple of 16, both addresses 16-byte aligned) from global to this CTA's shared memory; completes on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-      : "memory");
-}
-// bulk_copy with both shared-memory addresses already 32-bit (shared window offsets).
+// dst and bar as 32-bit shared-window addresses (bulk_copy_to), or as pointers (bulk_copy).
 __device__ __forceinline__ void bulk_copy_to(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
           dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(pol)
       : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  bulk_copy_to(smem_addr(dst), src, bytes, smem_addr(bar), pol);
 }
 // Keeps the compiler from moving accumulator reads or writes across the wgmma fences (CUTLASS's
 // warpgroup_fence_operand).

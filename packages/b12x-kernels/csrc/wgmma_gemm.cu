@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const uint32_t x_bytes = uint32_t(min(XBYTES, max(0, (groups - mtile * MT) * KB * 16)));
   size_t tile_global = tile_base;  // in the stacked weight; grouped: its expert's, from the block table below
   const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
+#if !B12X_WGMMA_LEAN
   auto issue_part = [&](int c, bool weights_part, bool x_part) {
     if (c >= c_end || lane != 0) return;
     const int stage = unsigned(c - c_begin) % S;
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
       bulk_copy(xring + stage * XBYTES, staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16), x_bytes, bar,
                 x_policy);
   };
-#if B12X_WGMMA_LEAN
+#else
   // The same copies from addresses computed once: shared-memory addresses as 32-bit offsets (no generic-to-shared
   // conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set again for the expert
   // when grouped, below).
@@ -141,12 +142,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const uint8_t* x_base = staged + size_t(mtile) * MT * (KB * 16);
   const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
   const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
-  auto issue_part_lean = [&](int c, bool weights_part, bool x_part) {
+  auto issue_part = [&](int c, bool weights_part, bool x_part) {
     if (c >= c_end || lane != 0) return;
     const uint32_t stage = unsigned(c - c_begin) % S, bar = full_addr + 8 * stage;
     if (weights_part) {
       fence_proxy_async();
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(expect_bytes) : "memory");
+      bar_arrive_expect(bar, expect_bytes);
       if (live) {
         const uint32_t slot = ring_addr + stage * SLOT;
         bulk_copy_to(slot, codes_base + size_t(c) * 1024, 1024, bar, weights_policy);
@@ -157,16 +158,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     if (x_part && warp == 0 && x_bytes)
       bulk_copy_to(xring_addr + stage * XBYTES, x_base + size_t(c) * groups * (KB * 16), x_bytes, bar, x_policy);
   };
-  auto part = [&](int c, bool weights_part, bool x_part) { issue_part_lean(c, weights_part, x_part); };
-#else
-  auto part = [&](int c, bool weights_part, bool x_part) { issue_part(c, weights_part, x_part); };
 #endif
-  auto issue = [&](int c) { part(c, true, true); };
+  auto issue = [&](int c) { issue_part(c, true, true); };
 
   if constexpr (!GROUPED) {
     __syncthreads();  // publishes the initialised mbarriers to the warps' lanes 0
 #pragma unroll
-    for (int s = 0; s < S - 2; ++s) part(c_begin + s, true, false);
+    for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
@@ -236,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   };
 
 #pragma unroll
-  for (int s = 0; s < S - 2; ++s) part(c_begin + s, GROUPED, true);  // dense: the weights went out above
+  for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
   for (int c = c_begin; c < c_end; c += 2) {
     chunk(c, std::integral_constant<int, 0>{});
     if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
