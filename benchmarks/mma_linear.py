@@ -141,7 +141,7 @@ def main() -> None:
             def timed(configs, copies=layers, only=None):
                 """The layer's time under `configs` (one per linear), or linear `only`'s alone."""
                 wss = [
-                    gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", rows_per_cta=16 * c.tiles)
+                    gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles)
                     for s, c in zip(one_layer, configs, strict=True)
                 ]
 

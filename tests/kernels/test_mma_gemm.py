@@ -37,7 +37,7 @@ def _case(rng, fmt, n, k):
 def _run(x, shards, n, bias, config):
     m = x.shape[0]
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", rows_per_cta=16 * config.tiles)
+    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
     gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
     assert int(ws.tickets.abs().sum()) == 0  # left ready for the next call
     return y

@@ -19,7 +19,7 @@ from b12x_formats.quantized import codec_for
 
 from .. import pdl
 from . import layout
-from .geometry import ROWS_PER_CTA, output_tiles, token_tile, token_tiles
+from .geometry import TILE_ROWS, output_tiles, token_tile, token_tiles
 
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
@@ -207,8 +207,9 @@ class MmaWorkspace:
     tickets: torch.Tensor
 
     @classmethod
-    def create(cls, m: int, n: int, splits: int, mt: int, device, rows_per_cta: int = ROWS_PER_CTA) -> MmaWorkspace:
-        tiles = output_tiles(token_tiles(m, mt), n, rows_per_cta)
+    def create(cls, m: int, n: int, splits: int, mt: int, device, row_tiles: int = 8) -> MmaWorkspace:
+        """`row_tiles`: the configuration's row tiles a CTA (MmaConfig.tiles), which sets the output tiles."""
+        tiles = output_tiles(token_tiles(m, mt), n, TILE_ROWS * row_tiles)
         return cls(
             torch.empty(splits * m * n if splits > 1 else 1, dtype=torch.float32, device=device),
             torch.zeros(max(tiles, 1), dtype=torch.int32, device=device),
