@@ -61,13 +61,8 @@ def device_facts(device: torch.device | None = None) -> dict:
     day = time.strftime("%Y-%m-%d")
     if device is not None and device.type != "cuda":
         return {"device": "cpu", "capability": [0, 0], "date": day}
-    import b12x_kernels
-
     capability = list(torch.cuda.get_device_capability())
-    facts = {"device": torch.cuda.get_device_name(), "capability": capability, "date": day}
-    if b12x_kernels.wgmma_lean():  # the experimental build (tools/wgmma_lean_ab.sh): its timings are not the default's
-        facts["wgmma_lean"] = True
-    return facts
+    return {"device": torch.cuda.get_device_name(), "capability": capability, "date": day}
 
 
 def reuse_repacks() -> None:

@@ -26,13 +26,13 @@ for case in sys.argv[1:] or CASES:
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"), sms=sms,
-                                     share=gemm.split_share(fmt, m, k))  # fmt: skip
+                                     share=gemm.split_share(fmt, m, k), balance=gemm.balances(fmt))  # fmt: skip
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
     shard = random_shard(fmt, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+    ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
     for _ in range(2):
         gemm.run(x, [shard], y, None, config, ws, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()

@@ -23,8 +23,9 @@ for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "I
     for m in (1, 13, 40):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        for config in (gemm.MmaConfig(1, 1), gemm.MmaConfig(2, 3, 2), gemm.MmaConfig(4, 6)):
-            ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
+        one_token = (gemm.MmaConfig(1, 1), gemm.MmaConfig(1, 3, tiles=7))  # 7: balanced_config's CTA heights
+        for config in (*one_token, gemm.MmaConfig(2, 3, 2), gemm.MmaConfig(4, 6)):
+            ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
             gemm.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
         if fmt in wgmma.FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
             staged = torch.empty(wgmma.staged_bytes(fmt, m, k), dtype=torch.uint8, device="cuda")

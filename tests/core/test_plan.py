@@ -212,30 +212,44 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
     for _, hi, config in ranges:
         assert config["tokens"] in (8, 16, 32) and (hi <= config["tokens"] or config["tokens"] == 32)
         assert 1 <= config["splits"] <= max(1, chunks // 4)
-        if config["splits"] > 1:
-            assert TensorCoreGemm.tickets(q, ranges) >= -(-hi // config["tokens"]) * -(-n // 128)
+        rows = config.get("rows", 128)  # rows a CTA
+        assert rows in (96, 112, 128) and (rows == 128 or config["tokens"] == 8)
+        if config["splits"] > 1:  # a ticket per output tile of the CTA height the row runs
+            assert TensorCoreGemm.tickets(q, ranges) >= -(-hi // config["tokens"]) * -(-n // rows)
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
 def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
     """At one-token tiles the K split stops at about two CTAs an SM (a latency-bound stream per CTA: more splits
-    only add partials), but still covers every SM when the weight has the chunks for it."""
+    only add partials), but still covers every SM when the weight has the chunks for it; where the format takes
+    balanced CTA heights (gemm.balances), the busiest SM never gets more row-tile chunks than 128-row CTAs give it."""
     from b12x_core.backends.tensor_core import TensorCoreGemm
     from b12x_core.tensor_core import geometry
 
     n, k = int(rng.integers(1, 480)) * 128, int(rng.integers(4, 64)) * 256
     q = query(fmt, "bf16", H200, max_tokens=8, n=n, k=k)
     ((_, _, config),) = TensorCoreGemm.configs(q, 1, 8)
-    ctas = -(-n // 128) * config["splits"]
+    rows = config.get("rows", 128)  # rows a CTA
     chunks = -(-k // geometry.chunk_k(fmt))
+    sms = H200.sms
+
+    def busiest(rows, splits):  # row tiles × chunks on the SM that holds the most CTAs
+        ctas = -(-n // rows) * splits
+        return -(-ctas // sms) * rows // 16 * -(-chunks // splits)
+
     assert config["tokens"] == 8
-    assert ctas <= 2 * H200.sms or config["splits"] == 1
-    if config["splits"] < min(16, chunks // 4):  # room for another split: it would not have fit one wave of two
-        assert -(-n // 128) * (config["splits"] + 1) > 2 * H200.sms
+    assert -(-n // rows) * config["splits"] <= 2 * sms or config["splits"] == 1
+    streaming = max(1, min(16, chunks // 4, 2 * sms // -(-n // 128)))  # 128-row CTAs, split while one wave holds
+    if fmt.startswith("IQ2"):  # measured slower with balanced heights: 128-row CTAs, split as far as the wave allows
+        assert rows == 128
+        if config["splits"] < min(16, chunks // 4):  # room for another split: it would not have fit one wave of two
+            assert -(-n // 128) * (config["splits"] + 1) > 2 * sms
+    else:
+        assert busiest(rows, config["splits"]) <= busiest(128, streaming), (n, k, config)
 
 
 def test_balanced_one_token_configs_never_load_an_sm_more(rng):
-    """gemm.balanced_config (experimental: CTA heights of 6-8 row tiles, no backend uses it yet) never gives the
+    """gemm.balanced_config (CTA heights of 6-8 row tiles at one-token tiles) never gives the
     busiest SM more row-tile chunks than the default split does, stays within one wave of two CTAs an SM when it
     splits, and leaves larger token tiles to the default."""
     from b12x_core.tensor_core import gemm

@@ -257,7 +257,7 @@ def _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch,
     for m in GPU_MS:
         x = torch.from_numpy(rng.standard_normal((m, GPU_K)).astype(np.float32)).to("cuda", torch.bfloat16)
         row = p.for_tokens(m)
-        config = gemm.MmaConfig(row.config["tokens"] // 8, row.config["splits"])
+        config = gemm.MmaConfig.of_plan_row(row.config)
         want, whole = _poisoned(m, n), _poisoned(m, n)
         for shards, y in ((separate, want), (merged, whole)):
             launch(x, shards, y, config, m)
@@ -278,7 +278,7 @@ def _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch,
                                             ("IQ2_XS", None), ("MXFP4", APART), ("MXFP8", APART)])  # fmt: skip
 def test_gpu_fused_linear_is_one_launch_equal_to_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch):
     def launch(x, shards, y, config, m):
-        ws = gemm.MmaWorkspace.create(m, sum(GPU_ROWS), config.splits, config.mt, "cuda")
+        ws = gemm.MmaWorkspace.create(m, sum(GPU_ROWS), config.splits, config.mt, "cuda", row_tiles=config.tiles)
         gemm.run(x, shards, y, None, config, ws, torch.cuda.current_stream().cuda_stream)
 
     _one_launch_equals_the_per_shard_launches(rng, fmt, magnitudes, monkeypatch, TensorCoreGemm, "mma_gemm", launch)

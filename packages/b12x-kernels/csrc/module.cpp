@@ -62,10 +62,6 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("compiled_archs", [] { return std::string(B12X_ARCHS_STRING); });
-#ifndef B12X_WGMMA_LEAN
-#define B12X_WGMMA_LEAN 0
-#endif
-  m.def("wgmma_lean", [] { return bool(B12X_WGMMA_LEAN); });  // built with the experimental lean wgmma kernel
 
   // One binding per family: the plan's bytes, then what changes per call.
   m.def(

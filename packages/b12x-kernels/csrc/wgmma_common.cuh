@@ -11,14 +11,6 @@
 #define B12X_WGMMA_DEVICE 1
 #endif
 
-// B12X_WGMMA_LEAN=1 (a build switch: CMake -DB12X_WGMMA_LEAN=ON, or the environment variable of that name at pip
-// install) builds wgmma_gemm.cu's register-A kernel with the same copies and wgmmas from fewer instructions (a
-// warp-uniform warp index, shared addresses and weight pointers computed once, descriptors by adds). Off by default:
-// no plan runs it until a device call has timed it against the default build (docs/performance.md, 2026-12-03).
-#ifndef B12X_WGMMA_LEAN
-#define B12X_WGMMA_LEAN 0
-#endif
-
 namespace b12x {
 namespace wgmma {
 using namespace mma;  // decode functors, MmaParams, tile_rows, WeightStream, store_tile

@@ -78,13 +78,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   constexpr int XBYTES = x_stage_bytes<F, MT>(), SLOT = slot_bytes<F>();
   static_assert(STEPS == 2 * GROUPS, "two k16 steps per decode group");
 
-#if B12X_WGMMA_LEAN
   // The warp index through a shuffle from lane 0: the compiler then knows it (and the weight addresses, ring slots and
   // barriers derived from it) warp-uniform, so lane 0's bulk copies take uniform registers as they are.
   const int lane = threadIdx.x & 31, warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), q = lane >> 2, t = lane & 3;
-#else
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
-#endif
   const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
   const int c_begin = split * p.chunks_per_split;
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
@@ -110,32 +106,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const uint32_t x_bytes = uint32_t(min(XBYTES, max(0, (groups - mtile * MT) * KB * 16)));
   size_t tile_global = tile_base;  // in the stacked weight; grouped: its expert's, from the block table below
   const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
-#if !B12X_WGMMA_LEAN
-  auto issue_part = [&](int c, bool weights_part, bool x_part) {
-    if (c >= c_end || lane != 0) return;
-    const int stage = unsigned(c - c_begin) % S;
-    uint64_t* bar = &full[stage];
-    if (weights_part) {
-      const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
-      fence_proxy_async();  // the stage's earlier generic reads (weights, two chunks ago) before the async writes
-      bar_arrive_expect(bar, w_bytes + (warp == 0 ? x_bytes : 0));
-      if (live) {
-        uint8_t* slot = ring + stage * SLOT;
-        const uint8_t* codes = p.codes + (tile_global * p.chunks + c) * 1024;
-        bulk_copy(slot, codes, 1024, bar, weights_policy);
-        if constexpr (F::META > 0)
-          bulk_copy(slot + 1024, p.meta + (tile_global * p.chunks + c) * 16 * F::META, 16 * F::META, bar,
-                    weights_policy);
-      }
-    }
-    if (x_part && warp == 0 && x_bytes)
-      bulk_copy(xring + stage * XBYTES, staged + (size_t(c) * groups + size_t(mtile) * MT) * (KB * 16), x_bytes, bar,
-                x_policy);
-  };
-#else
-  // The same copies from addresses computed once: shared-memory addresses as 32-bit offsets (no generic-to-shared
-  // conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set again for the expert
-  // when grouped, below).
+  // Addresses computed once (the copy issue is on every chunk's path: 16-20% fewer instructions a chunk than computing
+  // them a copy, and 5-12% faster, docs/performance.md 2026-12-03): shared-memory addresses as 32-bit offsets (no
+  // generic-to-shared conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set
+  // again for the expert when grouped, below).
   const uint32_t ring_addr = smem_addr(ring), full_addr = smem_addr(full);
   const uint8_t* codes_base = p.codes + tile_global * p.chunks * 1024;  // dense; grouped: set after the wait
   const uint8_t* meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
@@ -158,7 +132,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     if (x_part && warp == 0 && x_bytes)
       bulk_copy_to(xring_addr + stage * XBYTES, x_base + size_t(c) * groups * (KB * 16), x_bytes, bar, x_policy);
   };
-#endif
   auto issue = [&](int c) { issue_part(c, true, true); };
 
   if constexpr (!GROUPED) {
@@ -170,10 +143,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
   if (expert < 0) return;
   tile_global = size_t(expert) * p.n16 + tile_base;
-#if B12X_WGMMA_LEAN
   codes_base = p.codes + tile_global * p.chunks * 1024;
   meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
-#endif
 
   float acc[1][MT][4];
   float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
@@ -216,18 +187,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     fence_operands(d);
     wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
     const uint32_t xs = xring_addr + stage * XBYTES;
-#if B12X_WGMMA_LEAN
     const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
     static_for<STEPS>([&](auto St) {
       constexpr int s = decltype(St)::value;
       mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
     });
-#else
-    static_for<STEPS>([&](auto St) {
-      constexpr int s = decltype(St)::value;
-      mma_async<TOK>(d, a[par][s], smem_desc<KB * 16>(xs + s * 256));
-    });
-#endif
     wg_commit();
     wg_wait<1>();
     fence_operands(d);

@@ -54,11 +54,6 @@ def compiled_archs() -> list[str]:
     return [] if _C is None else _C.compiled_archs().split(",")
 
 
-def wgmma_lean() -> bool:
-    """Built with the experimental lean wgmma kernel (B12X_WGMMA_LEAN=ON; csrc/wgmma_common.cuh)."""
-    return _C is not None and _C.wgmma_lean()
-
-
 def _needs_build(name: str):
     def call(*args, **kwargs):
         raise RuntimeError(f"b12x_kernels.{name}: {not_built_reason()}")

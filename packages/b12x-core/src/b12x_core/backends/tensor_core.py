@@ -56,8 +56,9 @@ class TensorCoreGemm(Backend):
 
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
-                                    share=gemm.split_share(q.format, m, q.k))  # fmt: skip
-            return {"tokens": 8 * c.mt, "splits": c.splits}
+                                    share=gemm.split_share(q.format, m, q.k),
+                                    balance=gemm.balances(q.format))  # fmt: skip
+            return c.plan_row()
 
         return config_ranges(lo, hi, config_of)
 
@@ -90,6 +91,6 @@ class TensorCoreGemm(Backend):
         tickets = workspace.tickets(x2.device, self.tickets_needed)
         partials = carved[-1] if config["splits"] > 1 else tickets.view(torch.float32)  # unread without splits
         ws = gemm.MmaWorkspace(partials, tickets)
-        mc = gemm.MmaConfig(config["tokens"] // 8, config["splits"])
+        mc = gemm.MmaConfig.of_plan_row(config)
         gemm.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
         return y

@@ -53,7 +53,7 @@ class TensorCoreWgmma(Backend):
 
         def config_of(m: int) -> dict:
             c = wgmma.default_config(m, q.n, chunks, slots.get, share=gemm.split_share(q.format, m, q.k), fmt=q.format)
-            return {"tokens": 8 * c.mt, "splits": c.splits}
+            return c.plan_row()
 
         return config_ranges(lo, hi, config_of)
 
@@ -88,7 +88,7 @@ class TensorCoreWgmma(Backend):
         tickets = workspace.tickets(x2.device, self.tickets_needed)
         staged = carved[-1]
         partials = carved[len(operand_specs)] if config["splits"] > 1 else tickets.view(torch.float32)
-        mc = gemm.MmaConfig(config["tokens"] // 8, config["splits"])
+        mc = gemm.MmaConfig.of_plan_row(config)
         stream = torch.cuda.current_stream(x2.device).cuda_stream
         wgmma.run(xv.contiguous(), self.shards, y, bias, mc, gemm.MmaWorkspace(partials, tickets), staged, stream)
         return y

@@ -69,7 +69,18 @@ class MmaConfig:
     mt: int  # token tile of 8·mt tokens
     splits: int  # K splits (deterministic in-order reduction when > 1)
     rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
-    tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (experimental)
+    tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (balanced_config)
+
+    @classmethod
+    def of_plan_row(cls, config: dict) -> MmaConfig:
+        """The configuration a linear's plan row holds ({"tokens", "splits", "rows"}: tokens a tile, K splits, rows a
+        CTA; rows absent: 128)."""
+        return cls(config["tokens"] // 8, config["splits"], tiles=config.get("rows", TILE_ROWS * 8) // TILE_ROWS)
+
+    def plan_row(self) -> dict:
+        """This configuration as a plan row's config (of_plan_row's inverse; rows only where not 128)."""
+        rows = {"rows": TILE_ROWS * self.tiles} if self.tiles != 8 else {}
+        return {"tokens": 8 * self.mt, "splits": self.splits, **rows}
 
     def __str__(self) -> str:
         rows = f", {16 * self.tiles} rows/CTA" if self.tiles != 8 else ""
@@ -122,22 +133,27 @@ STREAMING_CTAS_PER_SM = 2
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
-                   sms: int = 0, share: float = 0.0) -> MmaConfig:  # fmt: skip
+                   sms: int = 0, share: float = 0.0, balance: bool = True) -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
     per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
-    given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM (streaming_split)."""
+    given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
+    least (balanced_config; `balance`, see balances) or 128-row CTAs split as far as the wave allows
+    (streaming_split)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
+    if mt == 1 and sms and rt == 1 and balance:
+        return balanced_config(m, n, chunks, sms, max_splits)
     if mt == 1 and sms:
         return MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
     return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
 
 
 def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16) -> MmaConfig:
-    """Experimental (no backend uses it until a device call has timed it): at one-token tiles, the CTA height (6, 7
-    or 8 row tiles) and K split that give the busiest SM the least work when one wave of STREAMING_CTAS_PER_SM
-    CTAs an SM holds every CTA — row tiles × chunks on the SM with the most CTAs. 8B gate_up (1792 row tiles, 32
-    chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256 CTAs of 7 put 2 × 7 × 32."""
+    """At one-token tiles, the CTA height (6, 7 or 8 row tiles) and K split that give the busiest SM the least work
+    when one wave of STREAMING_CTAS_PER_SM CTAs an SM holds every CTA — row tiles × chunks on the SM with the most
+    CTAs. 8B gate_up (1792 row tiles, 32 chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256
+    CTAs of 7 put 2 × 7 × 32. Measured (H200, 2026-12-03, the 8B layer at one token): 1.5-3.5% faster than
+    streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%), 1% slower for IQ2_XS."""
     mt = token_tile(m)
     if mt != 1:
         return MmaConfig(mt, 1)
@@ -154,6 +170,13 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16)
             if best is None or key < best[0]:
                 best = (key, MmaConfig(mt, splits, 1, tiles))
     return best[1]
+
+
+def balances(fmt: str) -> bool:
+    """Whether one-token tiles of `fmt` take balanced_config's CTA heights: every format but the IQ2 codecs, which
+    measured 1% slower with them on the 8B layer (H200, 2026-12-03: gate_up 38.0 -> 38.7 µs at one token, 38.9 ->
+    39.5 at four) where the others gained 1.5-3.5%."""
+    return not fmt.startswith("IQ2")
 
 
 def split_share(fmt: str, m: int, k: int) -> float:

@@ -31,8 +31,9 @@ def output_tiles(token_blocks: int, n: int, rows_per_cta: int = ROWS_PER_CTA) ->
 
 def split_tickets(n: int, rows) -> int:
     """Split-K tickets the largest call of a linear's plan rows ((first, last, config) with config["tokens"] per
-    token tile and config["splits"]) takes: one per output tile of a call that splits K; at least 1."""
-    return max([1] + [output_tiles(token_tiles(last, config["tokens"] // 8), n)
+    token tile, config["splits"] and config["rows"] a CTA, 128 where absent) takes: one per output tile of a call
+    that splits K; at least 1."""
+    return max([1] + [output_tiles(token_tiles(last, config["tokens"] // 8), n, config.get("rows", ROWS_PER_CTA))
                       for _, last, config in rows if config["splits"] > 1])  # fmt: skip
 
 
