@@ -2,7 +2,7 @@
 `compute-sanitizer --tool memcheck|racecheck|synccheck python benchmarks/sanitize_mma.py`: every format, token
 tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M, and on an sm_90 device its Hopper form
 (wgmma_gemm: every format it runs, token tiles 8–128, K whole and split, and its warp-specialized form at 64 and
-256 tokens); then its grouped form (the fused MoE
+256 tokens; FP8_BLOCK and IQ2, experimental there, at 8-64 tokens); then its grouped form (the fused MoE
 backend tensor_core_moe) for every MoE format, SiLU and ReLU², decode-sized (split K) and larger calls."""
 
 import numpy as np
@@ -27,10 +27,13 @@ for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "I
         for config in (*one_token, gemm.MmaConfig(2, 3, 2), gemm.MmaConfig(4, 6)):
             ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
             gemm.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
-        if fmt in wgmma.FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
+        if fmt in wgmma.FORMATS + wgmma.FACTOR_FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
             staged = torch.empty(wgmma.staged_bytes(fmt, m, k), dtype=torch.uint8, device="cuda")
-            for config in (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(16, 6), gemm.MmaConfig(8, 1, 2),
-                           gemm.MmaConfig(32, 3, 2)):  # fmt: skip
+            configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(16, 6), gemm.MmaConfig(8, 1, 2),
+                       gemm.MmaConfig(32, 3, 2))  # fmt: skip
+            if fmt in wgmma.FACTOR_FORMATS:  # experimental there: token tiles up to 64, no warp-specialized form
+                configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(8, 2))
+            for config in configs:
                 ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
                 wgmma.run(x, shards, y, None, config, ws, staged, stream)
 

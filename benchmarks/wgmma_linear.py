@@ -14,6 +14,9 @@ for that tile: wgmma.default_config's rule) and the best is reported, with its s
 its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it); the mma.sync kernel at
 the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
+FP8_BLOCK and the IQ2 codecs run in the wgmma kernel experimentally (a per-chunk fp32 factor folded from partial
+sums, token tiles up to 64, no warp-specialized form; no backend runs them yet): `--formats IQ2_XS,FP8_BLOCK` times
+them the same way.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("d
 FORMATS = "NVFP4,FP8"
 MS = "1,16,32,64,128,256,512,1024,4096"
 # layout._decode_range for random_shard's scales (NVFP4: E4M3 ≤ 1.875; MXFP8: E8M0 ≤ 2^8; Q8_0 decodes exactly)
-SCALE_MUL = {"FP8": 2.0**120, "MXFP8": 2.0**110, "NVFP4": 2.0**123, "Q8_0": 1.0}
-BIT_PATTERN_BIAS = {"FP8": 2.0**120, "MXFP8": 2.0**120, "NVFP4": 2.0**126}  # the decodes' bf16 patterns' bias
+SCALE_MUL = {"FP8": 2.0**120, "FP8_BLOCK": 2.0**120, "MXFP8": 2.0**110, "NVFP4": 2.0**123, "Q8_0": 1.0,
+             "IQ2_XS": 1.0, "IQ2_XXS": 1.0}  # fmt: skip
+# the decodes' bf16 patterns' bias
+BIT_PATTERN_BIAS = {"FP8": 2.0**120, "FP8_BLOCK": 2.0**120, "MXFP8": 2.0**120, "NVFP4": 2.0**126}
 
 
 def shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
@@ -122,8 +127,11 @@ def main() -> None:
                 for s, c, ws in zip(layers[i], configs, wss, strict=True):
                     gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
 
-            tiles = [mt for mt in wgmma.TOKEN_TILES if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
-            wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in wgmma.TOKEN_TILES}
+            # the formats with a per-chunk factor (experimental in the kernel) run token tiles up to 64
+            kernel_tiles = wgmma.FACTOR_TOKEN_TILES if fmt in wgmma.FACTOR_FORMATS else wgmma.TOKEN_TILES
+            tiles = [mt for mt in kernel_tiles if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
+            tiles = tiles or [kernel_tiles[-1]]
+            wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in kernel_tiles}
             wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt, share[s.k]) for s in one_layer]
                         for mt in tiles}  # fmt: skip
             wwss = {mt: workspaces(cs) for mt, cs in wconfigs.items()}
@@ -150,7 +158,8 @@ def main() -> None:
 
             check = check_against_mma(wconfigs, wwss)
             # the warp-specialized form (rt = 2): token tiles of 64-256 that M fills at least half of, one CTA an SM
-            ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if m >= 32 and args.ws else []
+            ws_form = m >= 32 and args.ws and fmt not in wgmma.FACTOR_FORMATS  # the ws form has no factor formats
+            ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if ws_form else []
             ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt, share[s.k]) for s in one_layer]
                           for mt in ws_tiles}  # fmt: skip
             ws_wss = {mt: workspaces(cs) for mt, cs in ws_configs.items()}

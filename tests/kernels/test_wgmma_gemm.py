@@ -24,6 +24,8 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 
 FORMATS = ["FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0"]
+FACTOR_FORMATS = ["FP8_BLOCK", "IQ2_XS", "IQ2_XXS"]  # a per-chunk fp32 factor: experimental, no backend runs them
+FACTOR_MTS = [1, 2, 4, 8]
 MS = [1, 7, 37, 129, 200]
 MTS = [1, 2, 4, 8, 16]
 WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
@@ -35,8 +37,15 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
 @pytest.mark.parametrize(
     "plan,call,why",
     [
-        (dict(format=format_id("FP8_BLOCK")), {}, "format must be"),
-        (dict(format=format_id("IQ2_XS")), {}, "format must be"),
+        (dict(format=format_id("FP8_BLOCK"), chunks=2), {}, "FP8_BLOCK needs its block scales"),
+        (dict(format=format_id("IQ2_XS")), {}, "IQ2_XS needs its sub-block scales"),
+        (dict(format=format_id("IQ2_XXS")), {}, "IQ2 needs its grid tables"),
+        (dict(format=format_id("IQ2_XS"), mt=16, meta2=16, tables=16), {}, "FP8_BLOCK and IQ2 run mt 1, 2, 4 or 8"),
+        (
+            dict(format=format_id("FP8_BLOCK"), chunks=2, block_scale=16, mt=4),
+            dict(order=16, table=16, blocks=1),
+            "grouped form runs formats without a per-chunk fp32 factor",
+        ),
         (dict(format=99), {}, "format must be"),
         (dict(mt=3), {}, "mt must be"),
         (dict(mt=32), {}, "mt must be"),
@@ -88,6 +97,7 @@ def test_token_tiles_and_staging_sizes():
         assert set(tiles) <= set(MTS) and tiles == sorted(tiles)
         assert all(8 * mt >= m for m, mt in zip(ms, tiles, strict=True) if m <= 16)
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
+    assert wgmma.FACTOR_FORMATS == tuple(FACTOR_FORMATS) and wgmma.FACTOR_TOKEN_TILES == tuple(FACTOR_MTS)
     assert wgmma.WS_TOKEN_TILES == tuple(WS_MTS)
     for mt in WS_MTS:  # one CTA an SM: K split to fill 132 SMs with 4096 rows (32 row blocks) at 64 tokens
         config = wgmma.ws_config(64, 4096, 64, 132, mt)
@@ -212,6 +222,20 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
         return [gemm.MmaConfig(mt, splits) for mt in MTS for splits in sorted({1, min(3, chunks)})]
 
     _held_to_the_reference_and_the_mma_kernel(rng, fmt, MS, configs_of)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FACTOR_FORMATS)
+def test_factor_formats_match_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+    """FP8_BLOCK's block scale and IQ2's d per chunk fold each chunk's partial sums into the accumulators (written
+    without a GPU: no backend runs these formats in this kernel until this passes on one). IQ2 goes in units of four
+    k16 steps a chunk, so its chunks cross the A register sets' alternation within a chunk."""
+    from b12x_core.tensor_core import gemm
+
+    def configs_of(chunks):
+        return [gemm.MmaConfig(mt, splits) for mt in FACTOR_MTS for splits in sorted({1, min(3, chunks)})]
+
+    _held_to_the_reference_and_the_mma_kernel(rng, fmt, [1, 37, 129], configs_of)
 
 
 @pytest.mark.gpu

@@ -53,15 +53,38 @@ template <class F, int MT>
 constexpr int stage_bytes() {
   return x_stage_bytes<F, MT>() + kWarps * slot_bytes<F>();
 }
-// Stages of the shared-memory ring: as many as fit the CTA's share of the SM, 3..6 (S-2 chunks in flight).
+// Stages of the shared-memory ring: as many as fit the CTA's share of the SM beside the IQ2 tables (mma_gemm.cuh's
+// table_words, replicated over the banks; none for the other formats), 3..6 (S-2 chunks in flight).
 template <class F, int MT>
 constexpr int stages() {
-  constexpr int fit = (220 * 1024 / min_blocks<MT>()) / stage_bytes<F, MT>();
+  constexpr int fit = (220 * 1024 / min_blocks<MT>() - table_words<F>() * 4) / stage_bytes<F, MT>();
   return fit > 6 ? 6 : fit < 3 ? 3 : fit;
 }
 template <class F, int MT>
 constexpr int smem_bytes() {
-  return stages<F, MT>() * stage_bytes<F, MT>();
+  return table_words<F>() * 4 + stages<F, MT>() * stage_bytes<F, MT>();
+}
+
+// Groups G0 .. G0+NG-1 of the lane's rows q (codes w0, scale state s0) and q+8 (w1, s1) as A registers: group l gives
+// k16 steps 2l and 2l+1 of `a` (PTX's A fragment: rows q, q+8 of the low k half, then of the high half).
+template <class F, int G0, int NG, int N>
+__device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const typename F::S& s0,
+                                         const typename F::S& s1, const uint32_t* tab, int lane, uint32_t (&a)[N][4]) {
+  static_assert(N == 2 * NG, "two k16 steps a group");
+  static_for<NG>([&](auto L) {
+    constexpr int l = decltype(L)::value;
+    uint32_t lo[4], hi[4];  // rows q and q+8
+    F::template decode8<G0 + l>(w0, s0, tab, lane, lo);
+    F::template decode8<G0 + l>(w1, s1, tab, lane, hi);
+    a[2 * l][0] = lo[0];
+    a[2 * l][1] = hi[0];
+    a[2 * l][2] = lo[1];
+    a[2 * l][3] = hi[1];
+    a[2 * l + 1][0] = lo[2];
+    a[2 * l + 1][1] = hi[2];
+    a[2 * l + 1][2] = lo[3];
+    a[2 * l + 1][3] = hi[3];
+  });
 }
 
 // ---------------------------------------------------------------------------------------------- GEMM
@@ -70,7 +93,7 @@ template <class F, int MT, bool GROUPED = false>
 __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(const MmaParams p,
                                                                                    const uint8_t* staged) {
 #ifdef B12X_WGMMA_DEVICE
-  static_assert(!F::ACC, "a per-chunk fp32 scale needs partial accumulators, which this kernel does not keep");
+  static_assert(!(F::ACC && GROUPED), "the grouped form runs formats without a per-chunk fp32 factor");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int TOK = 8 * MT, KB = F::KB, E = F::E, S = stages<F, MT>();
   constexpr int STEPS = KB / 16;  // k16 steps per chunk (E/4: each takes 4 elements of every lane)
@@ -86,8 +109,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int tile_base = nblk * kWarps + warp;  // this warp's row tile (wgmma rows 16·(warp%4) of its warpgroup)
   const bool live = tile_base < p.n16;         // uniform per warp; dead warps feed zeros (wgmma is collective)
-  uint8_t* xring = smem;                       // S stages of x
-  uint8_t* ring = smem + S * XBYTES + warp * S * SLOT;  // this warp's S weight slots
+  uint32_t* tab = reinterpret_cast<uint32_t*>(smem);  // IQ2's grid and sign tables (mma_gemm.cuh), else nothing
+  uint8_t* xring = smem + table_words<F>() * 4;        // S stages of x
+  uint8_t* ring = xring + S * XBYTES + warp * S * SLOT;  // this warp's S weight slots
   const uint32_t xring_addr = smem_addr(xring);
 
   __shared__ int src_row[TOK], dst_row[TOK];
@@ -96,6 +120,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 #pragma unroll
     for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r; dense only: the barrier
+    for (int i = threadIdx.x; i < table_words<F>(); i += kThreads) tab[i] = __ldg(p.tables + i / kReplicas);
   }
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
   // its scale bytes; nothing for a dead warp), warp 0 also the token tile's staged x block (only the staged groups:
@@ -113,8 +140,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const uint32_t ring_addr = smem_addr(ring), full_addr = smem_addr(full);
   const uint8_t* codes_base = p.codes + tile_global * p.chunks * 1024;  // dense; grouped: set after the wait
   const uint8_t* meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
+  const uint8_t* meta2_base = p.meta2 + tile_global * p.chunks * 16 * F::META2;  // nothing unless META2
   const uint8_t* x_base = staged + size_t(mtile) * MT * (KB * 16);
-  const uint32_t w_bytes = live ? 1024 + 16 * F::META : 0;
+  const uint32_t w_bytes = live ? 1024 + 16 * F::META + 16 * F::META2 : 0;
   const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
   auto issue_part = [&](int c, bool weights_part, bool x_part) {
     if (c >= c_end || lane != 0) return;
@@ -127,6 +155,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
         bulk_copy_to(slot, codes_base + size_t(c) * 1024, 1024, bar, weights_policy);
         if constexpr (F::META > 0)
           bulk_copy_to(slot + 1024, meta_base + size_t(c) * 16 * F::META, 16 * F::META, bar, weights_policy);
+        if constexpr (F::META2 > 0)
+          bulk_copy_to(slot + 1024 + 16 * F::META, meta2_base + size_t(c) * 16 * F::META2, 16 * F::META2, bar,
+                        weights_policy);
       }
     }
     if (x_part && warp == 0 && x_bytes)
@@ -145,66 +176,134 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   tile_global = size_t(expert) * p.n16 + tile_base;
   codes_base = p.codes + tile_global * p.chunks * 1024;
   meta_base = p.meta + tile_global * p.chunks * 16 * F::META;
+  meta2_base = p.meta2 + tile_global * p.chunks * 16 * F::META2;
 
   float acc[1][MT][4];
   float(&d)[TOK / 2] = reinterpret_cast<float(&)[TOK / 2]>(acc[0]);
 #pragma unroll
   for (int i = 0; i < TOK / 2; ++i) d[i] = 0.f;
 
-  // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
-  uint32_t a[2][STEPS][4];
   using Sc = typename F::S;
-  auto chunk = [&](int c, auto P) {
-    constexpr int par = decltype(P)::value;
-    const unsigned i = unsigned(c - c_begin), stage = i % S;
-    bar_wait(&full[stage], (i / S) & 1);
-    __syncthreads();
-    issue(c + S - 2);
-    if (live) {
-      const uint8_t* slot = ring + stage * SLOT;
-      const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-      const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-      const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
-      const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
-      static_for<GROUPS>([&](auto G) {
-        constexpr int g = decltype(G)::value;
-        uint32_t lo[4], hi[4];  // rows q and q+8
-        F::template decode8<g>(w0, s0, nullptr, lane, lo);
-        F::template decode8<g>(w1, s1, nullptr, lane, hi);
-        a[par][2 * g][0] = lo[0];
-        a[par][2 * g][1] = hi[0];
-        a[par][2 * g][2] = lo[1];
-        a[par][2 * g][3] = hi[1];
-        a[par][2 * g + 1][0] = lo[2];
-        a[par][2 * g + 1][1] = hi[2];
-        a[par][2 * g + 1][2] = lo[3];
-        a[par][2 * g + 1][3] = hi[3];
-      });
-    } else {
-#pragma unroll
-      for (int s = 0; s < STEPS; ++s) a[par][s][0] = a[par][s][1] = a[par][s][2] = a[par][s][3] = 0u;
-    }
-    fence_operands(d);
-    wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
-    const uint32_t xs = xring_addr + stage * XBYTES;
-    const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
-    static_for<STEPS>([&](auto St) {
-      constexpr int s = decltype(St)::value;
-      mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
-    });
-    wg_commit();
-    wg_wait<1>();
-    fence_operands(d);
-  };
-
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
-  for (int c = c_begin; c < c_end; c += 2) {
-    chunk(c, std::integral_constant<int, 0>{});
-    if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
+  if constexpr (!F::ACC) {
+    // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
+    uint32_t a[2][STEPS][4];
+    auto chunk = [&](int c, auto P) {
+      constexpr int par = decltype(P)::value;
+      const unsigned i = unsigned(c - c_begin), stage = i % S;
+      bar_wait(&full[stage], (i / S) & 1);
+      __syncthreads();
+      issue(c + S - 2);
+      if (live) {
+        const uint8_t* slot = ring + stage * SLOT;
+        const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+        const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+        const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+        const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+        decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
+      } else {
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) a[par][s][0] = a[par][s][1] = a[par][s][2] = a[par][s][3] = 0u;
+      }
+      fence_operands(d);
+      wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
+      const uint32_t xs = xring_addr + stage * XBYTES;
+      const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
+      static_for<STEPS>([&](auto St) {
+        constexpr int s = decltype(St)::value;
+        mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
+      });
+      wg_commit();
+      wg_wait<1>();
+      fence_operands(d);
+    };
+    for (int c = c_begin; c < c_end; c += 2) {
+      chunk(c, std::integral_constant<int, 0>{});
+      if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
+    }
+    wg_wait<0>();
+    fence_operands(d);
+  } else {
+    // A per-chunk fp32 factor (FP8_BLOCK's 128×128 block scale, IQ2's fp16 d per row and 256 k), as the mma.sync
+    // kernel applies it: chunk c's wgmmas sum into `part` (zeroed first), which is folded into d times the factor of
+    // each of the lane's two rows (d[4j + e]: row q for e < 2, q + 8 otherwise) once they are done, while chunk c+1
+    // is decoded. The chunk goes in units of U k16 steps on alternating A register sets (IQ2's 16 steps at once
+    // would take 128 registers of A), each unit's wgmmas one group: the wait for all but the newest group after a
+    // unit's commit frees the set the next unit writes; the wait for all before the fold, its factors' chunk.
+    constexpr int U = STEPS <= 4 ? STEPS : 4, UNITS = STEPS / U;
+    static_assert(STEPS % U == 0 && U % 2 == 0 && (UNITS == 1 || UNITS % 2 == 0), "whole groups, sets alternate");
+    const int kblocks = (p.K + 127) / 128;
+    float part[TOK / 2];
+#pragma unroll
+    for (int j = 0; j < TOK / 2; ++j) part[j] = 0.f;
+    float factor[2] = {0.f, 0.f};  // the last chunk's, for rows q and q + 8
+    uint32_t a[2][U][4];
+    auto fold = [&]() {
+#pragma unroll
+      for (int i = 0; i < TOK / 2; ++i) d[i] += factor[(i >> 1) & 1] * part[i];
+    };
+    auto chunk = [&](int c, auto P) {
+      constexpr int par = decltype(P)::value;
+      const unsigned i = unsigned(c - c_begin), stage = i % S;
+      bar_wait(&full[stage], (i / S) & 1);
+      __syncthreads();
+      issue(c + S - 2);
+      const uint8_t* slot = ring + stage * SLOT;
+      const uint8_t* m = slot + 1024;
+      const uint8_t* m2 = m + 16 * F::META;
+      uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+      Sc s0{}, s1{};
+      float f0 = 0.f, f1 = 0.f;  // dead warps: zero A, so zero parts
+      if (live) {
+        w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+        w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+        s0 = F::scale(m + q * F::META, m2 + q * F::META2, t, w0, p.scale_mul);
+        s1 = F::scale(m + (8 + q) * F::META, m2 + (8 + q) * F::META2, t, w1, p.scale_mul);
+        if constexpr (F::E == 64) {
+          f0 = F::acc_scale(m + q * F::META);
+          f1 = F::acc_scale(m + (8 + q) * F::META);
+        } else {  // one scale for the CTA's 128 rows (a 128-row block) and the chunk's 128-wide k block
+          f0 = f1 = __ldg(p.block_scale + (tile_global / 8) * kblocks + (c * KB) / 128);
+        }
+      }
+      const uint64_t desc0 = smem_desc<KB * 16>(xring_addr + stage * XBYTES);
+      static_for<UNITS>([&](auto Un) {
+        constexpr int u = decltype(Un)::value, set = UNITS == 1 ? par : u % 2;
+        if (live) {
+          decode_a<F, u * U / 2, U / 2>(w0, w1, s0, s1, tab, lane, a[set]);
+        } else {
+#pragma unroll
+          for (int s = 0; s < U; ++s) a[set][s][0] = a[set][s][1] = a[set][s][2] = a[set][s][3] = 0u;
+        }
+        if constexpr (u == 0) {  // the last chunk's wgmmas are done: fold them, start this chunk's sum
+          wg_wait<0>();
+          fence_operands(part);
+          if (c > c_begin) fold();
+#pragma unroll
+          for (int j = 0; j < TOK / 2; ++j) part[j] = 0.f;
+          factor[0] = f0;
+          factor[1] = f1;
+        }
+        fence_operands(part);
+        wg_fence();  // orders the A registers just written (and part) before the wgmmas read them
+        static_for<U>([&](auto St) {
+          constexpr int s = u * U + decltype(St)::value;
+          mma_async<TOK>(part, a[set][s - u * U], desc0 + uint64_t(16 * s));
+        });
+        wg_commit();
+        wg_wait<1>();
+        fence_operands(part);
+      });
+    };
+    for (int c = c_begin; c < c_end; c += 2) {
+      chunk(c, std::integral_constant<int, 0>{});
+      if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
+    }
+    wg_wait<0>();
+    fence_operands(part);
+    if (c_begin < c_end) fold();
   }
-  wg_wait<0>();
-  fence_operands(d);
   grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
@@ -216,8 +315,8 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   constexpr int bytes = smem_bytes<F, MT>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   const bool grouped = p.order != nullptr;
-  if constexpr (MT < 4) {
-    if (grouped) return cudaErrorInvalidValue;  // the grouped form is built for 32-128-token tiles only
+  if constexpr (MT < 4 || F::ACC) {
+    if (grouped) return cudaErrorInvalidValue;  // 32-128-token tiles of formats without a per-chunk factor only
   }
   const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
   const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
@@ -228,7 +327,9 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
                                             staged, p.M, p.K, p.chunks, groups);
   if (err != cudaSuccess) return err;
   auto kernel = wgmma_gemm_kernel<F, MT, false>;
-  if constexpr (MT >= 4) {
+  if constexpr (F::ACC) {
+    if (grouped) return cudaErrorInvalidValue;  // the grouped form runs formats without a per-chunk fp32 factor
+  } else if constexpr (MT >= 4) {
     if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -249,6 +350,22 @@ int blocks_per_sm() {
   return blocks;
 }
 
+// The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
+// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory). Experimental: no backend runs
+// them before the GPU has held them to the reference (tests/kernels/test_wgmma_gemm.py).
+template <class R, class Fn>
+R with_factor_format(int format, R fallback, Fn&& fn) {
+  switch (format) {
+    case FMT_FP8_BLOCK: return fn(FmtFP8Block{});
+    case FMT_IQ2_XS: return fn(FmtIQ2<true>{});
+    case FMT_IQ2_XXS: return fn(FmtIQ2<false>{});
+    default: return fallback;
+  }
+}
+bool factor_format(int format) {
+  return with_factor_format(format, false, [](auto) { return true; });
+}
+
 // fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles this kernel runs, `fallback` for others.
 template <class R, class Fn>
 R with_config(int format, int mt, R fallback, Fn&& fn) {
@@ -258,10 +375,13 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
       case 2: return fn(f, std::integral_constant<int, 2>{});
       case 4: return fn(f, std::integral_constant<int, 4>{});
       case 8: return fn(f, std::integral_constant<int, 8>{});
-      case 16: return fn(f, std::integral_constant<int, 16>{});
+      case 16:
+        if constexpr (decltype(f)::ACC) return fallback;
+        else return fn(f, std::integral_constant<int, 16>{});
       default: return fallback;
     }
   };
+  if (factor_format(format)) return with_factor_format(format, fallback, tiles);
   return with_format(format, fallback, tiles);
 }
 
@@ -283,13 +403,17 @@ bool on_sm90(int device) {
 const char* wgmma_plan_error(const MmaPlan& p) {
   using namespace wgmma;
   const int ck = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
-  if (!ck) return "wgmma_gemm: format must be FP8, MXFP8, NVFP4, MXFP4 or Q8_0 (no per-chunk fp32 scale)";
+  if (!ck) return "wgmma_gemm: format must be FP8, MXFP8, NVFP4, MXFP4, Q8_0, or (experimental) FP8_BLOCK or IQ2";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
   if (p.rt != 1 && p.rt != 2)
     return "wgmma_gemm: rt must be 1 (a warp decodes one row tile) or 2 (warp-specialized: two a multiplying warp)";
+  if (p.rt == 1 && factor_format(p.format) && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
+    return "wgmma_gemm: FP8_BLOCK and IQ2 run mt 1, 2, 4 or 8";
   if (p.rt == 1 && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
     return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
+  if (p.rt == 2 && factor_format(p.format))
+    return "wgmma_gemm: format must be one without a per-chunk fp32 factor for the warp-specialized form (rt 2)";
   if (p.rt == 2 && !wgmma_ws_token_tile(p.format, p.mt)) return "wgmma_gemm: with rt 2, mt must be 8, 16 or 32";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
@@ -298,6 +422,9 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   if (!p.codes || reinterpret_cast<uintptr_t>(p.codes) % 16) return "wgmma_gemm: null or misaligned codes";
   const int meta = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::META; });
   if (meta && !p.meta) return "wgmma_gemm: this format needs its block scales (meta)";
+  if (p.format == FMT_IQ2_XS && !p.meta2) return "wgmma_gemm: IQ2_XS needs its sub-block scales (meta2)";
+  if ((p.format == FMT_IQ2_XS || p.format == FMT_IQ2_XXS) && !p.tables) return "wgmma_gemm: IQ2 needs its grid tables";
+  if (p.format == FMT_FP8_BLOCK && !p.block_scale) return "wgmma_gemm: FP8_BLOCK needs its block scales";
   return nullptr;
 }
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # experimental: no backend runs them
+from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
 from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
@@ -19,8 +21,8 @@ from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FORMATS", "TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
-           "staged_bytes", "token_tile", "ws_config"]  # fmt: skip
+__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "TOKEN_TILES", "WS_TOKEN_TILES",
+           "default_config", "launch", "run", "slots", "staged_bytes", "token_tile", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
