@@ -22,6 +22,12 @@ Near ties are judged from both runs' top 20, not the offline top 5: CI once saw 
 token outside the offline top 5, whose five logprobs spanned 0.11 nats (-4.06 to -4.17): in a distribution that
 flat the other branch's token may rank anywhere among the next dozen, and a top 5 cannot tell a near tie from a
 mixed-up request.
+A router near tie can also flip an expert without changing the greedy token: CI once saw a concurrent MoE answer's
+first token agree with the offline run's, its logprob 0.40 nats from the offline one. So in the MoE model an agreeing
+token further than LOGPROB_TOL off is where the runs part too (no later step is compared), when the two runs' top
+TOP still name the same request: at least SAME_REQUEST of their tokens in common, where two different prompts' flat
+top 20 of the 512-token vocabulary share about one (20 · 20 / 512), and at least 5 by chance once in ~1700.
+The Llama model has no router, so there every agreeing token stays within LOGPROB_TOL.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from vllm_server import Server  # noqa: E402
 
 LOGPROB_TOL = 0.25
 NEAR_TIE = 2 * LOGPROB_TOL
+SAME_REQUEST = TOP // 4  # tokens two runs' top TOP share when they answer the same request (module docstring)
 RUNNER = Path(__file__).with_name("run_vllm.py")
 OFFLINE_S = 600
 
@@ -55,6 +62,7 @@ class Served:
     ref_alone: list[dict]  # the offline run of each request's prompt ids, each alone
     ref_load: list[dict]
     log: str  # the server's output
+    routed: bool  # the model has a router (MoE), whose near ties may flip an expert between runs
 
 
 def offline(model: Path, work: Path, prompts: list[list[int]]) -> list[dict]:
@@ -87,7 +95,7 @@ def served(request, tiny_models, tmp_path_factory) -> Served:
           f"{CONCURRENT / load.seconds:.1f} requests/s, {load.generated / load.seconds:.0f} tokens/s, "
           f"{load.generated / load.steps:.1f} tokens per engine step")  # fmt: skip
     ref = offline(model, work, [a.prompt_ids for a in alone + load.answers])
-    return Served(alone, load, ref[: len(alone)], ref[len(alone) :], log)
+    return Served(alone, load, ref[: len(alone)], ref[len(alone) :], log, request.param == "qwen3_moe")
 
 
 def near_tie(step: dict[int, float], chosen: int, other: int) -> bool:
@@ -95,8 +103,14 @@ def near_tie(step: dict[int, float], chosen: int, other: int) -> bool:
     return other in step and step[chosen] - step[other] <= NEAR_TIE
 
 
-def check_against_alone(ours: Answer, ref: dict) -> list[float]:
-    """Greedy tokens equal until a near tie (module docstring); returns |Δ logprob| of the agreeing tokens."""
+def same_request(ours: dict[int, float], ref: dict[int, float]) -> bool:
+    """Whether two runs' top-TOP logprobs at a step share the tokens of one request's answer (module docstring)."""
+    return len(set(ours) & set(ref)) >= SAME_REQUEST
+
+
+def check_against_alone(ours: Answer, ref: dict, routed: bool = False) -> list[float]:
+    """Greedy tokens equal until a near tie, or in a `routed` (MoE) model until an expert flip (module docstring);
+    returns |Δ logprob| of the agreeing tokens."""
     assert ours.prompt_ids and len(ours.token_ids) == len(ours.logprobs) >= 1, ours
     deltas = []
     for step, (t_ours, t_ref) in enumerate(zip(ours.token_ids, ref["tokens"], strict=False)):  # lengths: below
@@ -106,8 +120,11 @@ def check_against_alone(ours: Answer, ref: dict) -> list[float]:
             assert near_tie(ref_step, t_ref, t_ours) or near_tie(ours.logprobs[step], t_ours, t_ref), (
                 *where, ours.logprobs[step])  # fmt: skip
             return deltas
-        deltas.append(abs(ours.logprobs[step][t_ours] - ref_step[t_ref]))
-        assert deltas[-1] <= LOGPROB_TOL, where
+        delta = abs(ours.logprobs[step][t_ours] - ref_step[t_ref])
+        if routed and delta > LOGPROB_TOL and same_request(ours.logprobs[step], ref_step):
+            return deltas  # a router near tie flipped an expert in one run: the runs part here
+        deltas.append(delta)
+        assert delta <= LOGPROB_TOL, (*where, ours.logprobs[step])
     assert ours.token_ids == ref["tokens"] and ours.text == ref["text"], (ours, ref["tokens"], ref["text"])
     return deltas
 
@@ -148,11 +165,11 @@ def test_32_concurrent_requests_match_each_alone(served):
     assert len(answers) == CONCURRENT and all(a.finish_reason in ("length", "stop") for a in answers)
     deltas, diverged = [], 0
     for ours, ref in zip(answers, served.ref_load, strict=True):
-        agreed = check_against_alone(ours, ref)
+        agreed = check_against_alone(ours, ref, served.routed)
         deltas += agreed
         diverged += len(agreed) < len(ours.token_ids)
-    print(f"{CONCURRENT} concurrent answers: {diverged} took the other branch of a near tie; "
-          f"max |Δ logprob| {max(deltas):.4f} over {len(deltas)} agreeing tokens")  # fmt: skip
+    print(f"{CONCURRENT} concurrent answers: {diverged} parted at a near tie or an expert flip; "
+          f"max |Δ logprob| {max(deltas, default=0):.4f} over {len(deltas)} agreeing tokens")  # fmt: skip
 
 
 def test_the_server_batched_the_concurrent_requests(served):
