@@ -229,9 +229,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     // kernel applies it: chunk c's wgmmas sum into `part` (zeroed first), which is folded into d times the factor of
     // each of the lane's two rows (d[4j + e]: row q for e < 2, q + 8 otherwise) once they are done, while chunk c+1
     // is decoded. The chunk goes in units of U k16 steps on alternating A register sets (IQ2's 16 steps at once
-    // would take 128 registers of A), each unit's wgmmas one group: the wait for all but the newest group after a
-    // unit's commit frees the set the next unit writes; the wait for all before the fold, its factors' chunk.
-    constexpr int U = STEPS <= 4 ? STEPS : 4, UNITS = STEPS / U;
+    // would take 128 registers of A; units of four spilled at 64-token tiles, whose two accumulator sets take 64
+    // registers, so two there: no spills, by ptxas), each unit's wgmmas one group: the wait for all but the newest
+    // group after a unit's commit frees the set the next unit writes; the wait for all before the fold, its factors'
+    // chunk.
+    constexpr int U = STEPS <= 4 ? STEPS : (MT >= 8 ? 2 : 4), UNITS = STEPS / U;
     static_assert(STEPS % U == 0 && U % 2 == 0 && (UNITS == 1 || UNITS % 2 == 0), "whole groups, sets alternate");
     const int kblocks = (p.K + 127) / 128;
     float part[TOK / 2];
