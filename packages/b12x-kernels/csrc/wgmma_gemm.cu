@@ -65,6 +65,13 @@ constexpr int smem_bytes() {
   return table_words<F>() * 4 + stages<F, MT>() * stage_bytes<F, MT>();
 }
 
+// A dead warp's A registers: zeros (wgmma is collective, so it multiplies them all the same).
+template <int N>
+__device__ __forceinline__ void zero_a(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int s = 0; s < N; ++s) a[s][0] = a[s][1] = a[s][2] = a[s][3] = 0u;
+}
+
 // Groups G0 .. G0+NG-1 of the lane's rows q (codes w0, scale state s0) and q+8 (w1, s1) as A registers: group l gives
 // k16 steps 2l and 2l+1 of `a` (PTX's A fragment: rows q, q+8 of the low k half, then of the high half).
 template <class F, int G0, int NG, int N>
@@ -186,15 +193,28 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   using Sc = typename F::S;
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
+  // Chunk c's stage once its copies have landed; past the CTA barrier every warp is done with chunk c-2, whose stage
+  // then takes chunk c+S-2's copies (see the header).
+  auto begin_chunk = [&](int c) {
+    const unsigned i = unsigned(c - c_begin), stage = i % S;
+    bar_wait(&full[stage], (i / S) & 1);
+    __syncthreads();
+    issue(c + S - 2);
+    return stage;
+  };
+  // chunk(c, P) over the split's chunks in order, P (the A register set, (c - c_begin) % 2) a constant.
+  auto for_chunks = [&](auto&& chunk) {
+    for (int c = c_begin; c < c_end; c += 2) {
+      chunk(c, std::integral_constant<int, 0>{});
+      if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
+    }
+  };
   if constexpr (!F::ACC) {
     // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
     uint32_t a[2][STEPS][4];
-    auto chunk = [&](int c, auto P) {
+    for_chunks([&](int c, auto P) {
       constexpr int par = decltype(P)::value;
-      const unsigned i = unsigned(c - c_begin), stage = i % S;
-      bar_wait(&full[stage], (i / S) & 1);
-      __syncthreads();
-      issue(c + S - 2);
+      const unsigned stage = begin_chunk(c);
       if (live) {
         const uint8_t* slot = ring + stage * SLOT;
         const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
@@ -203,8 +223,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
         const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
         decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
       } else {
-#pragma unroll
-        for (int s = 0; s < STEPS; ++s) a[par][s][0] = a[par][s][1] = a[par][s][2] = a[par][s][3] = 0u;
+        zero_a(a[par]);
       }
       fence_operands(d);
       wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
@@ -217,11 +236,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
       wg_commit();
       wg_wait<1>();
       fence_operands(d);
-    };
-    for (int c = c_begin; c < c_end; c += 2) {
-      chunk(c, std::integral_constant<int, 0>{});
-      if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
-    }
+    });
     wg_wait<0>();
     fence_operands(d);
   } else {
@@ -245,12 +260,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 #pragma unroll
       for (int i = 0; i < TOK / 2; ++i) d[i] += factor[(i >> 1) & 1] * part[i];
     };
-    auto chunk = [&](int c, auto P) {
+    for_chunks([&](int c, auto P) {
       constexpr int par = decltype(P)::value;
-      const unsigned i = unsigned(c - c_begin), stage = i % S;
-      bar_wait(&full[stage], (i / S) & 1);
-      __syncthreads();
-      issue(c + S - 2);
+      const unsigned stage = begin_chunk(c);
       const uint8_t* slot = ring + stage * SLOT;
       const uint8_t* m = slot + 1024;
       const uint8_t* m2 = m + 16 * F::META;
@@ -275,8 +287,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
         if (live) {
           decode_a<F, u * U / 2, U / 2>(w0, w1, s0, s1, tab, lane, a[set]);
         } else {
-#pragma unroll
-          for (int s = 0; s < U; ++s) a[set][s][0] = a[set][s][1] = a[set][s][2] = a[set][s][3] = 0u;
+          zero_a(a[set]);
         }
         if constexpr (u == 0) {  // the last chunk's wgmmas are done: fold them, start this chunk's sum
           wg_wait<0>();
@@ -297,11 +308,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
         wg_wait<1>();
         fence_operands(part);
       });
-    };
-    for (int c = c_begin; c < c_end; c += 2) {
-      chunk(c, std::integral_constant<int, 0>{});
-      if (c + 1 < c_end) chunk(c + 1, std::integral_constant<int, 1>{});
-    }
+    });
     wg_wait<0>();
     fence_operands(part);
     if (c_begin < c_end) fold();
