@@ -2,8 +2,11 @@
 `compute-sanitizer --tool memcheck|racecheck|synccheck python benchmarks/sanitize_mma.py`: every format, token
 tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M, and on an sm_90 device its Hopper form
 (wgmma_gemm: every format it runs, token tiles 8–128, K whole and split, and its warp-specialized form at 64 and
-256 tokens; FP8_BLOCK and IQ2, experimental there, at 8-64 tokens); then its grouped form (the fused MoE
-backend tensor_core_moe) for every MoE format, SiLU and ReLU², decode-sized (split K) and larger calls."""
+256 tokens; FP8_BLOCK and IQ2 at 8-64 tokens); then its grouped form (the fused MoE backend tensor_core_moe) for
+every MoE format, SiLU and ReLU², decode-sized (split K) and larger calls. `--formats IQ2_XS,FP8_BLOCK` runs only
+those formats (in both parts)."""
+
+import argparse
 
 import numpy as np
 import torch
@@ -15,9 +18,12 @@ from b12x_core.backends.tensor_core_moe import TensorCoreMoE
 from b12x_core.tensor_core import gemm, geometry, wgmma
 from b12x_core.weights import DeviceWeights
 
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--formats", default="FP8,FP8_BLOCK,MXFP8,NVFP4,MXFP4,Q8_0,IQ2_XXS,IQ2_XS")
+formats = parser.parse_args().formats.split(",")
 rng = np.random.default_rng(0)
 stream = torch.cuda.current_stream().cuda_stream
-for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):
+for fmt in formats:
     n, k = 136, 5 * geometry.chunk_k(fmt) + (256 if fmt.startswith("IQ2") else 32)
     shards = gemm.prepare([bf.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)], "cuda")
     for m in (1, 13, 40):
@@ -31,14 +37,14 @@ for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "I
             staged = torch.empty(wgmma.staged_bytes(fmt, m, k), dtype=torch.uint8, device="cuda")
             configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(16, 6), gemm.MmaConfig(8, 1, 2),
                        gemm.MmaConfig(32, 3, 2))  # fmt: skip
-            if fmt in wgmma.FACTOR_FORMATS:  # experimental there: token tiles up to 64, no warp-specialized form
+            if fmt in wgmma.FACTOR_FORMATS:  # token tiles up to 64, no warp-specialized form
                 configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(8, 2))
             for config in configs:
                 ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda")
                 wgmma.run(x, shards, y, None, config, ws, staged, stream)
 
 e, h = 8, 512
-for fmt in ("NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):
+for fmt in [f for f in ("NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS") if f in formats]:
     inter = 256
     for activation in ("silu", "relu2"):
         rows = 2 * inter if activation == "silu" else inter

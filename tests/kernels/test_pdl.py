@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu
 K = 1024  # square layers, so each output feeds the next call
 STEPS = 6
 CASES = [(TensorCoreGemm, "NVFP4"), (TensorCoreGemm, "IQ2_XS"), (TensorCoreWgmma, "FP8"), (TensorCoreWgmma, "NVFP4"),
-         (CudaGemv, "FP8"), (CudaGemv, "Q8_0")]  # fmt: skip
+         (TensorCoreWgmma, "IQ2_XS"), (CudaGemv, "FP8"), (CudaGemv, "Q8_0")]  # fmt: skip
 
 
 def _plans(monkeypatch, backend, weights, pdl: str, max_tokens: int):

@@ -24,7 +24,7 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 
 FORMATS = ["FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0"]
-FACTOR_FORMATS = ["FP8_BLOCK", "IQ2_XS", "IQ2_XXS"]  # a per-chunk fp32 factor: experimental, no backend runs them
+FACTOR_FORMATS = ["FP8_BLOCK", "IQ2_XS", "IQ2_XXS"]  # a per-chunk fp32 factor folded from partial sums
 FACTOR_MTS = [1, 2, 4, 8]
 MS = [1, 7, 37, 129, 200]
 MTS = [1, 2, 4, 8, 16]
@@ -92,9 +92,9 @@ def test_token_tiles_and_staging_sizes():
     from b12x_core.tensor_core import geometry, wgmma
 
     ms = range(1, 4097)
-    for fmt in FORMATS:  # a kernel tile, never narrower for more tokens, one tile up to 16 tokens
+    for fmt in FORMATS + FACTOR_FORMATS:  # a tile the format runs, never narrower for more tokens, one up to 16
         tiles = [wgmma.token_tile(m, fmt) for m in ms]
-        assert set(tiles) <= set(MTS) and tiles == sorted(tiles)
+        assert set(tiles) <= set(FACTOR_MTS if fmt in FACTOR_FORMATS else MTS) and tiles == sorted(tiles)
         assert all(8 * mt >= m for m, mt in zip(ms, tiles, strict=True) if m <= 16)
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
     assert wgmma.FACTOR_FORMATS == tuple(FACTOR_FORMATS) and wgmma.FACTOR_TOKEN_TILES == tuple(FACTOR_MTS)
@@ -113,25 +113,29 @@ def test_token_tiles_and_staging_sizes():
 def test_backend_declines_what_it_cannot_run():
     from b12x_core.backends import DeviceInfo, Query
     from b12x_core.backends.tensor_core_wgmma import TensorCoreWgmma
+    from b12x_core.tensor_core import geometry
 
     def query(fmt="NVFP4", mode="bf16", capability=(9, 0), k=4096):
         device = DeviceInfo(torch.device("cuda", 0), capability, sms=132, smem_kb=227)
         return Query("linear", fmt, mode, mode, device, "auto", 4096, k, 64, (4096,))
 
-    assert TensorCoreWgmma.can_implement(query())[0]
+    for fmt in FORMATS + FACTOR_FORMATS:
+        assert TensorCoreWgmma.can_implement(query(fmt))[0], fmt
     for q, why in [
-        (query(fmt="IQ2_XS"), "not IQ2_XS"),
-        (query(fmt="FP8_BLOCK"), "not FP8_BLOCK"),
+        (query(fmt="W4A16_MXFP4"), "not W4A16_MXFP4"),
         (query(capability=(12, 0)), "needs compute capability 9.0, this is sm_120"),
         (query(mode="fp8_token"), "bf16-exact activations"),
         (query(k=4100), "K % 8"),
     ]:
         ok, reason = TensorCoreWgmma.can_implement(q)
         assert not ok and why in reason, reason
-    # its configurations cover every token count with a tile of at most 128 tokens and a K split that fits K
-    rows = TensorCoreWgmma.configs(query(), 1, 4096)
-    assert rows[0][0] == 1 and rows[-1][1] == 4096
-    assert all(c["tokens"] in {8 * mt for mt in MTS} and 1 <= c["splits"] <= 4096 // 128 for _, _, c in rows)
+    # its configurations cover every token count with a tile of at most 128 tokens (64 for the formats with a
+    # per-chunk factor) and a K split that fits K
+    for fmt, mts in (("NVFP4", MTS), ("IQ2_XS", FACTOR_MTS)):
+        rows = TensorCoreWgmma.configs(query(fmt), 1, 4096)
+        chunks = 4096 // geometry.chunk_k(fmt)
+        assert rows[0][0] == 1 and rows[-1][1] == 4096
+        assert all(c["tokens"] in {8 * mt for mt in mts} and 1 <= c["splits"] <= chunks for _, _, c in rows), fmt
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -267,25 +271,28 @@ def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["NVFP4", "FP8"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "FP8", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
+    """Every token tile, K whole and split (the warp-specialized form too where the format has one); two in a CUDA
+    graph replayed on new inputs."""
     from graphs import capture
 
     from b12x_core.tensor_core import gemm, geometry, wgmma
 
+    factor = fmt in FACTOR_FORMATS  # no warp-specialized form, tiles up to 64 tokens
     n, k = 384, 8 * geometry.chunk_k(fmt)
     qw, shards = _case(rng, fmt, n, k)
     w64 = torch.from_numpy(bf.dequantize(qw)).double()
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
-    for config in [gemm.MmaConfig(mt, splits) for mt in MTS for splits in (1, 4)] + [
-        gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in (1, 4)
-    ]:
+    dense = [gemm.MmaConfig(mt, splits) for mt in (FACTOR_MTS if factor else MTS) for splits in (1, 4)]
+    warp_specialized = [] if factor else [gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in (1, 4)]
+    for config in dense + warp_specialized:
         first = _run(x, shards, n, None, config)
         assert torch.equal(first, _run(x, shards, n, None, config)), config
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
     staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream
-    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=2)):
+    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2)):
         ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
         graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))  # noqa: B023
         for _ in range(3):

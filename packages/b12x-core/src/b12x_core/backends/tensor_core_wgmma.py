@@ -2,8 +2,10 @@
 as the mma.sync GEMM (one copy, layout "mma"), decoded in registers as the A operand of warpgroup MMAs (sm_90a),
 8–128 tokens per CTA as B through shared memory, K split across CTAs with a deterministic reduction.
 
-Formats whose decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0); bf16-exact activation modes;
-compute capability 9.0 only. Late in the registry: the plan picks it only where a measured table says it is faster.
+FP8, MXFP8, NVFP4, MXFP4 and Q8_0 at tiles of up to 128 tokens; FP8_BLOCK, IQ2_XS and IQ2_XXS, whose per-chunk fp32
+factor (block scale, d) is folded into the accumulators from a second set of partial sums, up to 64; bf16-exact
+activation modes; compute capability 9.0 only. Late in the registry: the plan picks it only where a measured table
+says it is faster.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ class TensorCoreWgmma(Backend):
 
     @classmethod
     def can_implement(cls, q):
-        if q.format not in wgmma.FORMATS:
-            return False, f"decodes {', '.join(wgmma.FORMATS)} (no per-chunk fp32 scale), not {q.format}"
+        if q.format not in wgmma.LINEAR_FORMATS:
+            return False, f"decodes {', '.join(wgmma.LINEAR_FORMATS)}, not {q.format}"
         if q.act_mode not in MODES:
             return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
         if q.k % 8:
@@ -49,7 +51,7 @@ class TensorCoreWgmma(Backend):
         q = query
         chunks = -(-q.k // geometry.chunk_k(q.format))
         measured = q.on_cuda and not q.device.kernels
-        slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.TOKEN_TILES}
+        slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)}
 
         def config_of(m: int) -> dict:
             c = wgmma.default_config(m, q.n, chunks, slots.get, share=gemm.split_share(q.format, m, q.k), fmt=q.format)

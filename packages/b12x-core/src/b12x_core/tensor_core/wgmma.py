@@ -1,19 +1,21 @@
 """The Hopper (sm_90a) form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu): warpgroup MMAs
 over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.plan: MmaPlan) with token tiles up to
-128 tokens (wgmma's N), K split across CTAs with the same deterministic reduction. A call stages its activations in
-the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per MmaShard (a fused
-linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block table, token tiles
-of 32-128) runs a fused MoE's GEMMs; no backend uses it yet (on the GPU it equals the mma.sync grouped form at 32-token
-blocks; its larger blocks have not been held to it there yet). Plans with rt = 2 (`ws_config`) run its
-warp-specialized form (64-256 tokens per CTA, grouped too), which has not run on a GPU yet, so nothing picks it.
+128 tokens (wgmma's N; 64 for FACTOR_FORMATS, FP8_BLOCK and IQ2, whose per-chunk fp32 factor is folded into the
+accumulators from a second set of partial sums), K split across CTAs with the same deterministic reduction. A call
+stages its activations in the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per
+MmaShard (a fused linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block
+table, token tiles of 32-128) runs a fused MoE's GEMMs and equals the mma.sync grouped form on the GPU; no backend
+uses it yet. Plans with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too),
+correct on the GPU but 0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # experimental: no backend runs them
-from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES
+from b12x_formats.kernel_facts import SAME_LAYOUT
+from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a per-chunk fp32 factor, folded
+from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
 from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
@@ -21,10 +23,13 @@ from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "TOKEN_TILES", "WS_TOKEN_TILES",
-           "default_config", "launch", "run", "slots", "staged_bytes", "token_tile", "ws_config"]  # fmt: skip
+__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
+           "WS_TOKEN_TILES", "default_config", "launch", "run", "slots", "staged_bytes", "token_tile", "token_tiles_of",
+           "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
+# the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
+LINEAR_FORMATS = FORMATS + FACTOR_FORMATS + tuple(a for a, same in SAME_LAYOUT.items() if same in FORMATS)
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
@@ -41,11 +46,20 @@ TILE_UPTO = {
     "Q8_0": ((8, 1), (16, 2), (32, 4), (256, 8)),
 }
 TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
+# FP8_BLOCK and IQ2 (FACTOR_FORMATS) run tiles of up to 64 tokens (their partial accumulators take the registers of
+# a larger one): FP8's rule, whose decode is as issue-bound, capped there (IQ2's costs more a weight, so it gains
+# more from the widest tile).
+TILE_UPTO.update(dict.fromkeys(FACTOR_FORMATS, ((8, 1), (16, 2), (1 << 30, 8))))
+
+
+def token_tiles_of(fmt: str) -> tuple[int, ...]:
+    """The token tiles the dense form runs `fmt` at."""
+    return FACTOR_TOKEN_TILES if fmt in FACTOR_FORMATS else TOKEN_TILES
 
 
 def token_tile(m: int, fmt: str) -> int:
     """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's, else the largest."""
-    return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), TOKEN_TILES[-1])
+    return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), token_tiles_of(fmt)[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
