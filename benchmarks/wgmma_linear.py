@@ -14,8 +14,8 @@ for that tile: wgmma.default_config's rule) and the best is reported, with its s
 its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it); the mma.sync kernel at
 the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
-FP8_BLOCK and the IQ2 codecs run in the wgmma kernel experimentally (a per-chunk fp32 factor folded from partial
-sums, token tiles up to 64, no warp-specialized form; no backend runs them yet): `--formats IQ2_XS,FP8_BLOCK` times
+FP8_BLOCK and the IQ2 codecs run in the wgmma kernel with a per-chunk fp32 factor folded from partial sums (token
+tiles up to 64, no warp-specialized form): `--formats IQ2_XS,FP8_BLOCK` times
 them the same way.
 """
 
@@ -127,7 +127,7 @@ def main() -> None:
                 for s, c, ws in zip(layers[i], configs, wss, strict=True):
                     gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
 
-            # the formats with a per-chunk factor (experimental in the kernel) run token tiles up to 64
+            # the formats with a per-chunk factor run token tiles up to 64
             kernel_tiles = wgmma.FACTOR_TOKEN_TILES if fmt in wgmma.FACTOR_FORMATS else wgmma.TOKEN_TILES
             tiles = [mt for mt in kernel_tiles if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
             tiles = tiles or [kernel_tiles[-1]]

@@ -37,8 +37,8 @@ GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
 WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
 WGMMA_WS_TOKEN_TILES = (8, 16, 32)  # its warp-specialized form's (rt = 2): 8·mt tokens per CTA, half per warpgroup
 WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
-# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums. Experimental:
-# no backend runs them before the GPU has held them to the reference (tests/kernels/test_wgmma_gemm.py).
+# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums (held to the
+# reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 
