@@ -33,7 +33,7 @@ for fmt in formats:
         for config in (*one_token, gemm.MmaConfig(2, 3, 2), gemm.MmaConfig(4, 6)):
             ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
             gemm.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
-        if fmt in wgmma.FORMATS + wgmma.FACTOR_FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
+        if fmt in wgmma.LINEAR_FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
             staged = torch.empty(wgmma.staged_bytes(fmt, m, k), dtype=torch.uint8, device="cuda")
             configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(16, 6), gemm.MmaConfig(8, 1, 2),
                        gemm.MmaConfig(32, 3, 2))  # fmt: skip

@@ -127,8 +127,7 @@ def main() -> None:
                 for s, c, ws in zip(layers[i], configs, wss, strict=True):
                     gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, stream)
 
-            # the formats with a per-chunk factor run token tiles up to 64
-            kernel_tiles = wgmma.FACTOR_TOKEN_TILES if fmt in wgmma.FACTOR_FORMATS else wgmma.TOKEN_TILES
+            kernel_tiles = wgmma.token_tiles_of(fmt)  # the formats with a per-chunk factor: up to 64 tokens
             tiles = [mt for mt in kernel_tiles if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
             tiles = tiles or [kernel_tiles[-1]]
             wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in kernel_tiles}

@@ -231,8 +231,8 @@ def test_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FACTOR_FORMATS)
 def test_factor_formats_match_the_reference_and_the_mma_kernel(rng, hopper, fmt):
-    """FP8_BLOCK's block scale and IQ2's d per chunk fold each chunk's partial sums into the accumulators (written
-    without a GPU: no backend runs these formats in this kernel until this passes on one). IQ2 goes in units of
+    """FP8_BLOCK's block scale and IQ2's d per chunk fold each chunk's partial sums into the accumulators (the
+    backend lists these formats because this passed on the H200). IQ2 goes in units of
     four (two at 64-token tiles) k16 steps a chunk, so its chunks cross the A register sets' alternation within a
     chunk."""
     from b12x_core.tensor_core import gemm

@@ -40,16 +40,18 @@ CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token ti
 # scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens. Measured (twelfth session):
 # FP8 at 32 / 64 tokens 139 / 160 µs against 157 / 193 at 32-token tiles, MXFP8 150 / 168 against 160 / 219; Q8_0,
 # whose decode costs more registers a weight, 138 / 178 against 160 / 214 the other way round at 32 tokens.
+# FP8_BLOCK and IQ2 (FACTOR_FORMATS) run tiles of up to 64 tokens (their partial accumulators take the registers of
+# a larger one; past the table, token_tile falls back to that largest). Q8_0's rule: measured (fifteenth session,
+# 8B layer) 32-token tiles at 32 tokens IQ2_XS 125 µs, FP8_BLOCK 134, against 149 / 155 at 64-token tiles and
+# 170 / 177 at 16-token ones.
+TILE_UPTO_Q8 = ((8, 1), (16, 2), (32, 4), (256, 8))
 TILE_UPTO = {
     "FP8": ((8, 1), (16, 2), (256, 8)),
     "MXFP8": ((8, 1), (16, 2), (256, 8)),
-    "Q8_0": ((8, 1), (16, 2), (32, 4), (256, 8)),
+    "Q8_0": TILE_UPTO_Q8,
+    **dict.fromkeys(FACTOR_FORMATS, TILE_UPTO_Q8),
 }
 TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
-# FP8_BLOCK and IQ2 (FACTOR_FORMATS) run tiles of up to 64 tokens (their partial accumulators take the registers of
-# a larger one). Q8_0's rule: measured (fifteenth session, 8B layer) 32-token tiles at 32 tokens IQ2_XS 125 µs,
-# FP8_BLOCK 134, against 149 / 155 at 64-token tiles and 170 / 177 at 16-token ones.
-TILE_UPTO.update(dict.fromkeys(FACTOR_FORMATS, ((8, 1), (16, 2), (32, 4), (1 << 30, 8))))
 
 
 def token_tiles_of(fmt: str) -> tuple[int, ...]:
