@@ -296,6 +296,27 @@ constexpr int table_words() {
   if constexpr (F::E == 64) return (F::GRID + 128) * kReplicas;
   return 0;
 }
+// IQ2's grid and sign words into shared memory, replica r of word i at i * kReplicas + r (a splat 16-byte piece
+// per 4 replicas). Every thread's loads go out before its first store, so the fill waits one memory latency rather
+// than one a word (before: the hottest instruction at one token, the STS waiting on its __ldg, docs/performance.md
+// 2026-12-03), and a warp's stores are consecutive pieces (no bank conflict). The kernels call it after the weights'
+// first copies are issued; their first chunk's barrier publishes the tables.
+template <class F, int THREADS>
+__device__ __forceinline__ void fill_tables(uint32_t* tab, const uint32_t* words) {
+  constexpr int PIECES = table_words<F>() / 4, EACH = (PIECES + THREADS - 1) / THREADS;
+  static_assert(kReplicas % 4 == 0, "whole pieces a word");
+  uint32_t v[EACH];
+#pragma unroll
+  for (int k = 0; k < EACH; ++k) {
+    const int piece = threadIdx.x + k * THREADS;
+    v[k] = piece < PIECES ? __ldg(words + piece / (kReplicas / 4)) : 0u;
+  }
+#pragma unroll
+  for (int k = 0; k < EACH; ++k) {
+    const int piece = threadIdx.x + k * THREADS;
+    if (piece < PIECES) reinterpret_cast<uint4*>(tab)[piece] = make_uint4(v[k], v[k], v[k], v[k]);
+  }
+}
 template <class F>
 constexpr int slot_bytes() {  // one chunk of a warp: 1 KB of codes, then its 16 rows' scale bytes
   return 1024 + 16 * F::META + 16 * F::META2 + (F::ACC && F::E != 64 ? 16 : 0);
@@ -537,9 +558,6 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   const bool rows_live = tile_base < p.n16;
   uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
 
-  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r
-    for (int i = threadIdx.x; i < table_words<F>(); i += THREADS) tab[i] = __ldg(p.tables + i / kReplicas);
-  }
   // The first kStages - 1 chunks of weights (cp.async, committed below with the activations as the first group).
   auto issue_first = [&](const WeightStream<F, RT>& ws) {
 #pragma unroll
@@ -550,6 +568,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
   const bool grouped = p.order != nullptr;
   if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
+  if constexpr (table_words<F>() > 0) fill_tables<F, THREADS>(tab, p.tables);  // constant: before the wait too
   grid_dependency_wait();
 
   __shared__ int src_row[TOK], dst_row[TOK];

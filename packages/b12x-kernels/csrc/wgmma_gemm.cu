@@ -128,9 +128,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if constexpr (table_words<F>() > 0) {  // replica r of table word i at i * kReplicas + r; dense only: the barrier
-    for (int i = threadIdx.x; i < table_words<F>(); i += kThreads) tab[i] = __ldg(p.tables + i / kReplicas);
-  }
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
   // its scale bytes; nothing for a dead warp), warp 0 also the token tile's staged x block (only the staged groups:
   // token columns past them are never stored, so whatever the stage held there is harmless), and arrives with the
@@ -177,6 +174,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 #pragma unroll
     for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
+  // IQ2's tables (dense only), after the first weights went out; begin_chunk's barrier publishes them.
+  if constexpr (table_words<F>() > 0) fill_tables<F, kThreads>(tab, p.tables);
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
   if (expert < 0) return;
