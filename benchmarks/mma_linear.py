@@ -16,9 +16,9 @@ every token tile × K split at each M and reports the best beside the default co
 the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
 norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
-alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, the
-CTA-height rule the format's default does not take (gemm.balances: gemm.balanced_config's 6-8 row tiles a CTA for
-even work per SM, or 128-row CTAs) in the same run.
+alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, 128-row
+CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
+even work per SM) in the same run.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main() -> None:
             results = []
             for rt in args.rts:
                 slots = gemm.slots(fmt, mt, "cuda", rt)
-                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms, balance=gemm.balances(fmt),
+                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
                                                 share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
                 label = f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in defaults)
                 if args.pdl_ab:
@@ -168,11 +168,10 @@ def main() -> None:
                     results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
                 else:
                     results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
-                if args.balance_ab and mt == 1 and rt == 1:  # the other CTA-height rule than the format's default
-                    other = not gemm.balances(fmt)
-                    alt = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, balance=other) for s in one_layer]
+                if args.balance_ab and mt == 1 and rt == 1:  # 128-row CTAs beside the default's balanced heights
+                    alt = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, balance=False) for s in one_layer]
                     configs = " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in alt)
-                    alabel = f"{'balanced' if other else '128-row'} rt1 {configs}"
+                    alabel = f"128-row rt1 {configs}"
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]

@@ -26,7 +26,7 @@ for case in sys.argv[1:] or CASES:
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"), sms=sms,
-                                     share=gemm.split_share(fmt, m, k), balance=gemm.balances(fmt))  # fmt: skip
+                                     share=gemm.split_share(fmt, m, k))  # fmt: skip
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
     shard = random_shard(fmt, n, k)

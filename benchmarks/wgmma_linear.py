@@ -102,8 +102,7 @@ def main() -> None:
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
             slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
             share = {k: gemm.split_share(fmt, m, k) for k in xs}  # what a K split's partials cost (the plans' rule)
-            balance = gemm.balances(fmt)
-            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k], balance=balance)
+            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k])
                        for s in one_layer]  # fmt: skip
 
             def workspaces(cs, m=m, one_layer=one_layer):
@@ -165,8 +164,7 @@ def main() -> None:
             ws_check = check_against_mma(ws_configs, ws_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
-            mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, balance=balance)
-                              for s in one_layer]  # fmt: skip
+            mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
             t_mma_unweighted = old_rule_time(mma_unweighted, configs, mma_layer)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3,
                              unweighted_split_us=t_mma_unweighted,

@@ -221,8 +221,8 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
 def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
     """At one-token tiles the K split stops at about two CTAs an SM (a latency-bound stream per CTA: more splits
-    only add partials), but still covers every SM when the weight has the chunks for it; where the format takes
-    balanced CTA heights (gemm.balances), the busiest SM never gets more row-tile chunks than 128-row CTAs give it."""
+    only add partials), but still covers every SM when the weight has the chunks for it; with its balanced CTA
+    heights, the busiest SM never gets more row-tile chunks than 128-row CTAs give it."""
     from b12x_core.backends.tensor_core import TensorCoreGemm
     from b12x_core.tensor_core import geometry
 
@@ -240,12 +240,7 @@ def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
     assert config["tokens"] == 8
     assert -(-n // rows) * config["splits"] <= 2 * sms or config["splits"] == 1
     streaming = max(1, min(16, chunks // 4, 2 * sms // -(-n // 128)))  # 128-row CTAs, split while one wave holds
-    if fmt.startswith("IQ2"):  # measured slower with balanced heights: 128-row CTAs, split as far as the wave allows
-        assert rows == 128
-        if config["splits"] < min(16, chunks // 4):  # room for another split: it would not have fit one wave of two
-            assert -(-n // 128) * (config["splits"] + 1) > 2 * sms
-    else:
-        assert busiest(rows, config["splits"]) <= busiest(128, streaming), (n, k, config)
+    assert busiest(rows, config["splits"]) <= busiest(128, streaming), (n, k, config)
 
 
 def test_balanced_one_token_configs_never_load_an_sm_more(rng):

@@ -67,7 +67,7 @@ def test_matches_the_oracle(rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_shorter_ctas_sum_as_the_full_ones(rng, fmt):
-    """One-token tiles in CTAs of 6 or 7 row tiles (MmaConfig.tiles, experimental): each row tile's chunks in the same
+    """One-token tiles in CTAs of 6 or 7 row tiles (MmaConfig.tiles, the balanced heights): each row tile's chunks in the same
     order and the same split reduction, so the same bits as CTAs of 8, and the oracle's values; N with a last CTA
     of a few live rows, splits shorter than the ring."""
     for n, k in _shapes(fmt):

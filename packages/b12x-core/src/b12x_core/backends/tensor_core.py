@@ -56,8 +56,7 @@ class TensorCoreGemm(Backend):
 
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
-                                    share=gemm.split_share(q.format, m, q.k),
-                                    balance=gemm.balances(q.format))  # fmt: skip
+                                    share=gemm.split_share(q.format, m, q.k))  # fmt: skip
             return c.plan_row()
 
         return config_ranges(lo, hi, config_of)

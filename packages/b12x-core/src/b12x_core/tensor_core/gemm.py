@@ -137,8 +137,8 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
     per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
-    least (balanced_config; `balance`, see balances) or 128-row CTAs split as far as the wave allows
-    (streaming_split)."""
+    least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
+    far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms and rt == 1 and balance:
@@ -153,7 +153,9 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16)
     when one wave of STREAMING_CTAS_PER_SM CTAs an SM holds every CTA — row tiles × chunks on the SM with the most
     CTAs. 8B gate_up (1792 row tiles, 32 chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256
     CTAs of 7 put 2 × 7 × 32. Measured (H200, 2026-12-03, the 8B layer at one token): 1.5-3.5% faster than
-    streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%), 1% slower for IQ2_XS."""
+    streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%); for IQ2_XS / IQ2_XXS 1% slower
+    while each CTA waited on its shared-table fill, 1-2% faster since the fill overlaps the weights (8B and 70B
+    layers at one and four tokens, docs/performance.md)."""
     mt = token_tile(m)
     if mt != 1:
         return MmaConfig(mt, 1)
@@ -170,13 +172,6 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16)
             if best is None or key < best[0]:
                 best = (key, MmaConfig(mt, splits, 1, tiles))
     return best[1]
-
-
-def balances(fmt: str) -> bool:
-    """Whether one-token tiles of `fmt` take balanced_config's CTA heights: every format but the IQ2 codecs, which
-    measured 1% slower with them on the 8B layer (H200, 2026-12-03: gate_up 38.0 -> 38.7 µs at one token, 38.9 ->
-    39.5 at four) where the others gained 1.5-3.5%."""
-    return not fmt.startswith("IQ2")
 
 
 def split_share(fmt: str, m: int, k: int) -> float:
