@@ -18,7 +18,8 @@ same run: the graph runs the layer's four linears back to back, so each starts o
 norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
 alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, 128-row
 CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
-even work per SM) in the same run.
+even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
+resident activations (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; experimental).
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def main() -> None:
     parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
     parser.add_argument("--per-linear", action="store_true", help="also time each linear alone")
     parser.add_argument("--balance-ab", action="store_true", help="one-token tiles: also gemm.balanced_config")
+    parser.add_argument(
+        "--resident-ab",
+        action="store_true",
+        help="one-token tiles: also the defaults with resident activations (MmaConfig.resident)",
+    )
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
@@ -173,6 +179,9 @@ def main() -> None:
                     configs = " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in alt)
                     alabel = f"128-row rt1 {configs}"
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
+                if args.resident_ab and mt == 1 and rt == 1:  # the same configurations, activations held whole
+                    held = [dataclasses.replace(c, resident=True) for c in defaults]
+                    results.append((timed(held), f"resident {label}", per_linear(held) if args.per_linear else None))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

@@ -219,6 +219,23 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
+def test_no_plan_holds_activations_resident_until_a_device_measures_it(rng, fmt):
+    """MmaConfig.resident (one-token tiles with the split's activations held whole; written without a GPU) is no
+    plan's choice at any token count, and a plan row naming it reads back as written (rows and splits kept)."""
+    from b12x_core.backends.tensor_core import TensorCoreGemm
+    from b12x_core.tensor_core import gemm
+
+    n, k = int(rng.integers(1, 400)) * 128, int(rng.integers(4, 64)) * 256
+    q = query(fmt, "bf16", H200, max_tokens=300, n=n, k=k)
+    assert all("resident" not in config for _, _, config in TensorCoreGemm.configs(q, 1, 300))
+    splits, tiles = int(rng.integers(1, 17)), int(rng.choice([6, 7, 8]))
+    for resident in (True, False):
+        config = gemm.MmaConfig(1, splits, tiles=tiles, resident=resident)
+        assert gemm.MmaConfig.of_plan_row(config.plan_row()) == config
+        assert ("resident" in str(config)) == resident
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
 def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
     """At one-token tiles the K split stops at about two CTAs an SM (a latency-bound stream per CTA: more splits
     only add partials), but still covers every SM when the weight has the chunks for it; with its balanced CTA

@@ -84,6 +84,26 @@ def test_shorter_ctas_sum_as_the_full_ones(rng, fmt):
                 close(full, ref, slack=rounding_slack(fmt, x, w64))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resident_activations_sum_as_the_staged_ones(rng, fmt):
+    """Resident activations (MmaConfig.resident, experimental): each row tile's chunks in the same order and the same
+    split reduction as the staged kernel, so the same bits, and the oracle's values; M below, at and past one tile of
+    8 tokens (rows past M are neither held nor read), splits shorter than the ring, CTA heights 8 and 7, bias."""
+    for n, k in _shapes(fmt):
+        w64, shards = _case(rng, fmt, n, k)
+        chunks = shards[0].chunks
+        bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to("cuda", torch.bfloat16)
+        for m in (1, 3, 8, 19):
+            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to("cuda", torch.bfloat16)
+            ref = x.double().cpu() @ w64.T + bias.double().cpu()
+            for splits in sorted({1, min(3, chunks), chunks}):
+                for tiles in (8, 7):
+                    staged = _run(x, shards, n, bias, gemm.MmaConfig(1, splits, tiles=tiles))
+                    resident = _run(x, shards, n, bias, gemm.MmaConfig(1, splits, tiles=tiles, resident=True))
+                    assert torch.equal(resident, staged), (tiles, splits, m, n, k)
+                close(resident, ref, slack=rounding_slack(fmt, x, w64))
+
+
 def test_cta_heights_the_kernel_lacks_are_refused(rng):
     _, shards = _case(rng, "NVFP4", 32, 256)
     x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)

@@ -56,6 +56,8 @@ struct MmaCall {
 
 // CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.
 int mma_blocks_per_sm(int format, int mt, int rt, int tiles);
+// Shared memory a CTA of a resident-activation plan takes for M rows (MmaPlan::resident; at most 227 KB can run).
+int mma_resident_smem_bytes(const MmaPlan& plan, int M);
 // Why a plan cannot run (null when it can): checked once per call, before anything launches.
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);

@@ -38,6 +38,14 @@ int mma_blocks_per_sm(int format, int mt, int rt, int tiles) {
   return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt, tiles); });
 }
 
+int mma_resident_smem_bytes(const MmaPlan& plan, int M) {
+  const int chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  return with_format(plan.format, 0, [&](auto f) {
+    using F = decltype(f);
+    return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + plan.tiles * kStages * slot_bytes<F>();
+  });
+}
+
 const char* mma_plan_error(const MmaPlan& p) {
   const int ck = with_format(p.format, 0, [](auto f) { return decltype(f)::KB; });
   if (!ck) return "mma_gemm: unknown format";
@@ -47,6 +55,8 @@ const char* mma_plan_error(const MmaPlan& p) {
   if (p.rt != 1 && p.rt != 2) return "mma_gemm: rt must be 1 or 2";
   if (p.tiles != kWarps && !((p.tiles == 6 || p.tiles == 7) && p.mt == 1 && p.rt == 1))
     return "mma_gemm: tiles must be 8, or 6 or 7 at mt 1 and rt 1";
+  if (p.resident != 0 && !(p.resident == 1 && p.mt == 1 && p.rt == 1))
+    return "mma_gemm: resident activations need mt 1 and rt 1";
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";

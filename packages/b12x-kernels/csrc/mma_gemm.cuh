@@ -330,6 +330,23 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
   constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, TILES>() + 1024);
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
+// Resident activations (MmaPlan::resident; experimental: no plan sets it): a one-token tile's live rows (at most 8,
+// dense) over the whole K range of its split, loaded once with the first weights, so the main loop has no CTA
+// barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's hottest stall).
+// A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk keep the
+// swizzle bits), padded by E/2 elements like a stage row.
+template <class F>
+__host__ __device__ constexpr int resident_row_elems(int chunks_per_split) {
+  return chunks_per_split * F::KB + F::E / 2;
+}
+template <class F>
+__host__ __device__ constexpr int resident_x_bytes(int M, int chunks_per_split) {
+  return ((M < 8 ? M : 8) * resident_row_elems<F>(chunks_per_split) * 2 + 15) / 16 * 16;
+}
+template <class F, int TILES = kWarps>
+__host__ __device__ constexpr int resident_smem_bytes(int M, int chunks_per_split) {
+  return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + TILES * kStages * slot_bytes<F>();
+}
 
 // ---------------------------------------------------------------------------------------------- shared pieces
 // What the tensor-core kernels share (this file's mma.sync kernel and wgmma_gemm.cu's warpgroup kernel): the token
@@ -539,7 +556,7 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
 // A CTA covers TILES row tiles of 16 weight rows (128 rows) and one token tile; RT row tiles per warp (TILES/RT
 // warps) let each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
-template <class F, int MT, int RT, int TILES = kWarps>
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false>
 __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int WARPS = TILES / RT, THREADS = 32 * WARPS;
@@ -547,8 +564,12 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   constexpr int TOK = 8 * MT, XC = stage_chunks<F>(), XROW = x_row_elems<F>(), XSTAGE = TOK * XROW;
   constexpr int SLOT = slot_bytes<F>();
   static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
+  static_assert(!RX || (MT == 1 && RT == 1), "resident activations: one-token tiles of one row tile a warp");
+  static_assert(F::KB / 64 % (x_swizzle_mask<F>() + 1) == 0, "the swizzle bits repeat every chunk");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
+  // Resident: the split's activations, one row of XR elements a live token (resident_x_bytes); staged: two stages.
+  const int XR = RX ? resident_row_elems<F>(p.chunks_per_split) : XROW;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
   const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
@@ -556,7 +577,12 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int tile_base = (nblk * WARPS + warp) * RT;  // this warp's row tiles: tile_base .. tile_base + RT - 1
   const bool rows_live = tile_base < p.n16;
-  uint8_t* ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
+  uint8_t* ring;
+  if constexpr (RX) {
+    ring = reinterpret_cast<uint8_t*>(xs) + resident_x_bytes<F>(p.M, p.chunks_per_split) + warp * kStages * RT * SLOT;
+  } else {
+    ring = reinterpret_cast<uint8_t*>(xs + 2 * XSTAGE) + warp * kStages * RT * SLOT;
+  }
 
   // The first kStages - 1 chunks of weights (cp.async, committed below with the activations as the first group).
   auto issue_first = [&](const WeightStream<F, RT>& ws) {
@@ -589,6 +615,20 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
       cp_async16(dst + r * XROW + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
     }
   };
+  // Resident: every live row's pieces of the split, in the staged swizzle (chunk-relative, see resident_row_elems).
+  const int live_rows = RX ? min(TOK, p.M - mtile * TOK) : TOK;
+  auto load_resident = [&]() {
+    constexpr int PIECES_PER_CHUNK = F::KB / 8;
+    const int pieces = (c_end - c_begin) * PIECES_PER_CHUNK;
+    const int k_end = min(p.K, c_end * F::KB);
+    for (int i = threadIdx.x; i < live_rows * pieces; i += THREADS) {
+      const int r = i / pieces, pc = i % pieces;
+      const int m = src_row[r], k = c_begin * F::KB + pc * 8;
+      const bool ok = m >= 0 && k < k_end;
+      const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
+      cp_async16(xs + r * XR + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
+    }
+  };
 
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
   const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
@@ -608,7 +648,13 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   // commit completes group i; stage s+1's activations (group first(s) + kStages-1) are then complete by
   // first(s+1) = first(s) + XC because XC >= kStages - 1. The first group holds the first kStages - 1 chunks
   // (issued above) and the first stage's activations; the next kStages - 2 are empty.
-  if (c_begin < c_end) load_stage(c_begin, 0);
+  if (c_begin < c_end) {
+    if constexpr (RX) {
+      load_resident();
+    } else {
+      load_stage(c_begin, 0);
+    }
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) cp_async_commit();
   // This lane's pieces E/8·t + g sit at g ^ (swizzle of t) within its E/8: offsets per g & mask, in elements.
@@ -617,16 +663,20 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
 #pragma unroll
   for (int r = 0; r <= SW; ++r) xoff[r] = ((r ^ ((F::E / 8 * t >> 3) & SW)) - r) * 8;
   int buf = 0;
+  const bool q_live = !RX || q < live_rows;  // resident: rows past the tile's tokens are not held (zero B)
   for (int base = c_begin; base < c_end; base += XC) {
-    const __nv_bfloat16* xrow = xs + buf * XSTAGE + q * XROW + F::E * t;
+    const __nv_bfloat16* xrow = RX ? xs + q * XR + (base - c_begin) * F::KB + F::E * t
+                                   : xs + buf * XSTAGE + q * XROW + F::E * t;
     static_for<XC>([&](auto U) {
       constexpr int u = decltype(U)::value;
       const int c = base + u;
       if (c < c_end) {  // uniform over the CTA
         cp_async_wait<kStages - 2>();
-        if (u == 0) {
+        if (u == 0 && (!RX || base == c_begin)) {  // resident: once, when every row has landed
           __syncthreads();  // this stage's activations are visible; every warp is done with the last one
-          if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
+          if constexpr (!RX) {
+            if (base + XC < c_end) load_stage(base + XC, buf ^ 1);
+          }
         }
         __syncwarp();  // the scale bytes other lanes copied are visible; slot c-1 is free
         issue(c + kStages - 1);
@@ -658,7 +708,13 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
             }
 #pragma unroll
             for (int j = 0; j < MT; ++j) {
-              const uint4 b = *reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g + xoff[g & SW]);
+              const uint4* bp = reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g + xoff[g & SW]);
+              uint4 b;
+              if constexpr (RX) {
+                b = q_live ? *bp : make_uint4(0u, 0u, 0u, 0u);
+              } else {
+                b = *bp;
+              }
 #pragma unroll
               for (int r = 0; r < RT; ++r) {
                 mma16816(target[r][j], ar[r][0], ar8[r][0], ar[r][1], ar8[r][1], b.x, b.y);
@@ -694,11 +750,12 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
-template <class F, int MT, int RT, int TILES = kWarps>
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<F, MT, TILES>();
-  static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
-  auto kernel = mma_gemm_kernel<F, MT, RT, TILES>;
+  static_assert(smem_bytes<F, MT, TILES>() <= 227 * 1024, "shared memory of one CTA");
+  const int bytes = RX ? resident_smem_bytes<F, TILES>(p.M, p.chunks_per_split) : smem_bytes<F, MT, TILES>();
+  if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // the host refuses it first (mma_resident_smem_bytes)
+  auto kernel = mma_gemm_kernel<F, MT, RT, TILES, RX>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * TILES / RT), bytes, stream, p);
@@ -730,7 +787,11 @@ template <class F>
 cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblocks, cudaStream_t stream) {
   const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
-    return launch<F, decltype(MT)::value, decltype(RT)::value, decltype(TL)::value>(p, mtiles, nblocks, stream);
+    constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
+    if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here; dense only)
+      if (p.resident) return p.order ? cudaErrorNotSupported : launch<F, 1, 1, tl_, true>(p, mtiles, nblocks, stream);
+    }
+    return launch<F, mt_, rt_, tl_>(p, mtiles, nblocks, stream);
   });
 }
 

@@ -60,6 +60,7 @@ class MmaShard:
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
                 tiles=config.tiles, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
+                resident=int(config.resident),
             )  # fmt: skip
         return self.plans[key]
 
@@ -70,21 +71,28 @@ class MmaConfig:
     splits: int  # K splits (deterministic in-order reduction when > 1)
     rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
     tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (balanced_config)
+    # One-token tiles of one row tile a warp, dense: the split's activations held whole in shared memory, no CTA barrier
+    # a stage (csrc/mma_gemm.cuh, resident_row_elems). Experimental: built without a GPU, no plan sets it until a
+    # device call times it (mma_linear.py --resident-ab) and its GPU test passes.
+    resident: bool = False
 
     @classmethod
     def of_plan_row(cls, config: dict) -> MmaConfig:
         """The configuration a linear's plan row holds ({"tokens", "splits", "rows"}: tokens a tile, K splits, rows a
         CTA; rows absent: 128)."""
-        return cls(config["tokens"] // 8, config["splits"], tiles=config.get("rows", TILE_ROWS * 8) // TILE_ROWS)
+        return cls(config["tokens"] // 8, config["splits"], tiles=config.get("rows", TILE_ROWS * 8) // TILE_ROWS,
+                   resident=config.get("resident", False))  # fmt: skip
 
     def plan_row(self) -> dict:
-        """This configuration as a plan row's config (of_plan_row's inverse; rows only where not 128)."""
+        """This configuration as a plan row's config (of_plan_row's inverse; rows only where not 128, resident only
+        where set)."""
         rows = {"rows": TILE_ROWS * self.tiles} if self.tiles != 8 else {}
-        return {"tokens": 8 * self.mt, "splits": self.splits, **rows}
+        return {"tokens": 8 * self.mt, "splits": self.splits, **rows, **({"resident": True} if self.resident else {})}
 
     def __str__(self) -> str:
         rows = f", {16 * self.tiles} rows/CTA" if self.tiles != 8 else ""
-        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{rows}"
+        resident = ", resident activations" if self.resident else ""
+        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{rows}{resident}"
 
 
 def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:
