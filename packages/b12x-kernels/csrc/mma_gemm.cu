@@ -40,10 +40,8 @@ int mma_blocks_per_sm(int format, int mt, int rt, int tiles) {
 
 int mma_resident_smem_bytes(const MmaPlan& plan, int M) {
   const int chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
-  return with_format(plan.format, 0, [&](auto f) {
-    using F = decltype(f);
-    return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + plan.tiles * kStages * slot_bytes<F>();
-  });
+  return with_format(plan.format, 0,
+                     [&](auto f) { return resident_smem_bytes<decltype(f)>(M, chunks_per_split, plan.tiles); });
 }
 
 const char* mma_plan_error(const MmaPlan& p) {

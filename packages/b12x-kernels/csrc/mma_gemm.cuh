@@ -343,9 +343,9 @@ template <class F>
 __host__ __device__ constexpr int resident_x_bytes(int M, int chunks_per_split) {
   return ((M < 8 ? M : 8) * resident_row_elems<F>(chunks_per_split) * 2 + 15) / 16 * 16;
 }
-template <class F, int TILES = kWarps>
-__host__ __device__ constexpr int resident_smem_bytes(int M, int chunks_per_split) {
-  return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + TILES * kStages * slot_bytes<F>();
+template <class F>
+__host__ __device__ constexpr int resident_smem_bytes(int M, int chunks_per_split, int tiles) {
+  return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + tiles * kStages * slot_bytes<F>();
 }
 
 // ---------------------------------------------------------------------------------------------- shared pieces
@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
 template <class F, int MT, int RT, int TILES = kWarps, bool RX = false>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
   static_assert(smem_bytes<F, MT, TILES>() <= 227 * 1024, "shared memory of one CTA");
-  const int bytes = RX ? resident_smem_bytes<F, TILES>(p.M, p.chunks_per_split) : smem_bytes<F, MT, TILES>();
+  const int bytes = RX ? resident_smem_bytes<F>(p.M, p.chunks_per_split, TILES) : smem_bytes<F, MT, TILES>();
   if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // the host refuses it first (mma_resident_smem_bytes)
   auto kernel = mma_gemm_kernel<F, MT, RT, TILES, RX>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
