@@ -19,7 +19,8 @@ norms and attention sit between some of them). `--per-linear` adds each linear's
 alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, 128-row
 CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
 even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
-resident activations (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; experimental).
+resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
+defaults hold them for gemm.RESIDENT_FORMATS where they fit).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
                              tables, 0.01, pdl=pdl.enabled())  # fmt: skip
 
 
+def config_label(c: gemm.MmaConfig) -> str:
+    """tokens-tile/splits/rows-a-CTA, "r" when the activations are resident."""
+    return f"{c.mt}/{c.splits}/{16 * c.tiles}{'r' if c.resident else ''}"
+
+
 def shard_bytes(s: gemm.MmaShard) -> int:
     return sum(t.numel() * t.element_size() for t in (s.codes, s.meta, s.meta2, s.block_scale) if t is not None)
 
@@ -96,7 +102,7 @@ def main() -> None:
     parser.add_argument(
         "--resident-ab",
         action="store_true",
-        help="one-token tiles: also the defaults with resident activations (MmaConfig.resident)",
+        help="one-token tiles: also the defaults with resident activations toggled (MmaConfig.resident)",
     )
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
@@ -167,8 +173,9 @@ def main() -> None:
             for rt in args.rts:
                 slots = gemm.slots(fmt, mt, "cuda", rt)
                 defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
-                                                share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
-                label = f"rt{rt} " + " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in defaults)
+                                                share=gemm.split_share(fmt, m, s.k), fmt=fmt)
+                            for s in one_layer]  # fmt: skip
+                label = f"rt{rt} " + " ".join(config_label(c) for c in defaults)
                 if args.pdl_ab:
                     results.append((timed(defaults, by_pdl[1]), f"pdl {label}"))
                     results.append((timed(defaults, by_pdl[0]), f"no pdl {label}"))
@@ -179,9 +186,10 @@ def main() -> None:
                     configs = " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in alt)
                     alabel = f"128-row rt1 {configs}"
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
-                if args.resident_ab and mt == 1 and rt == 1:  # the same configurations, activations held whole
-                    held = [dataclasses.replace(c, resident=True) for c in defaults]
-                    results.append((timed(held), f"resident {label}", per_linear(held) if args.per_linear else None))
+                if args.resident_ab and mt == 1 and rt == 1:  # the same CTAs and splits, resident activations toggled
+                    flipped = [dataclasses.replace(c, resident=not c.resident) for c in defaults]
+                    flabel = "toggled " + " ".join(config_label(c) for c in flipped)
+                    results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

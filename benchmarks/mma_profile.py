@@ -3,11 +3,13 @@
     ncu --clock-control none -k regex:mma_gemm --launch-skip-before-match 0 --section SpeedOfLight \
         --section WarpStateStats --section Occupancy python benchmarks/mma_profile.py [FMT:NxK:M:MT:SPLITS ...]
 
-MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device).
+MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device); a
+sixth field "resident" or "staged" sets MmaConfig.resident (one-token tiles: activations held whole or in stages).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -19,16 +21,18 @@ CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1
          "Q8_0:8192x28672:1:1:4", "NVFP4:57344x8192:32:4:1"]  # fmt: skip
 
 for case in sys.argv[1:] or CASES:
-    fmt, shape, m, mt, splits = case.split(":")
+    fmt, shape, m, mt, splits, *held = case.split(":")
     n, k = map(int, shape.split("x"))
     m = int(m)
     if mt == "auto":
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"), sms=sms,
-                                     share=gemm.split_share(fmt, m, k))  # fmt: skip
+                                     share=gemm.split_share(fmt, m, k), fmt=fmt)  # fmt: skip
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
+    if held:
+        config = dataclasses.replace(config, resident=held[0] == "resident")
     shard = random_shard(fmt, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")

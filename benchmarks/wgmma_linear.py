@@ -102,7 +102,7 @@ def main() -> None:
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
             slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
             share = {k: gemm.split_share(fmt, m, k) for k in xs}  # what a K split's partials cost (the plans' rule)
-            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k])
+            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k], fmt=fmt)
                        for s in one_layer]  # fmt: skip
 
             def workspaces(cs, m=m, one_layer=one_layer):

@@ -218,16 +218,25 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
             assert TensorCoreGemm.tickets(q, ranges) >= -(-hi // config["tokens"]) * -(-n // rows)
 
 
-@pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
-def test_no_plan_holds_activations_resident_until_a_device_measures_it(rng, fmt):
-    """MmaConfig.resident (one-token tiles with the split's activations held whole; written without a GPU) is no
-    plan's choice at any token count, and a plan row naming it reads back as written (rows and splits kept)."""
+@pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "MXFP8", "Q8_0"])
+def test_plans_hold_activations_resident_only_at_one_token_tiles_that_fit(rng, fmt):
+    """MmaConfig.resident (one-token tiles with the split's activations held whole in shared memory) is a plan's
+    choice only for the formats measured faster with it (gemm.RESIDENT_FORMATS), only at one-token tiles, and only
+    where the call's live rows over the split's K stay within gemm.RESIDENT_MAX_BYTES; those formats do take it for
+    one token over a K of at most 4096 (measured there). A plan row naming it reads back as written."""
     from b12x_core.backends.tensor_core import TensorCoreGemm
-    from b12x_core.tensor_core import gemm
+    from b12x_core.tensor_core import gemm, geometry
 
     n, k = int(rng.integers(1, 400)) * 128, int(rng.integers(4, 64)) * 256
     q = query(fmt, "bf16", H200, max_tokens=300, n=n, k=k)
-    assert all("resident" not in config for _, _, config in TensorCoreGemm.configs(q, 1, 300))
+    chunks = -(-k // geometry.chunk_k(fmt))
+    for _, hi, config in TensorCoreGemm.configs(q, 1, 300):
+        if config.get("resident"):
+            assert fmt in gemm.RESIDENT_FORMATS and config["tokens"] == 8
+            split_k = -(-chunks // config["splits"]) * geometry.chunk_k(fmt)
+            assert min(hi, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+    one_token = TensorCoreGemm.configs(query(fmt, "bf16", H200, max_tokens=8, n=n, k=min(k, 4096)), 1, 1)[0][2]
+    assert bool(one_token.get("resident")) == (fmt in gemm.RESIDENT_FORMATS)
     splits, tiles = int(rng.integers(1, 17)), int(rng.choice([6, 7, 8]))
     for resident in (True, False):
         config = gemm.MmaConfig(1, splits, tiles=tiles, resident=resident)
@@ -245,8 +254,6 @@ def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
 
     n, k = int(rng.integers(1, 480)) * 128, int(rng.integers(4, 64)) * 256
     q = query(fmt, "bf16", H200, max_tokens=8, n=n, k=k)
-    ((_, _, config),) = TensorCoreGemm.configs(q, 1, 8)
-    rows = config.get("rows", 128)  # rows a CTA
     chunks = -(-k // geometry.chunk_k(fmt))
     sms = H200.sms
 
@@ -254,10 +261,12 @@ def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
         ctas = -(-n // rows) * splits
         return -(-ctas // sms) * rows // 16 * -(-chunks // splits)
 
-    assert config["tokens"] == 8
-    assert -(-n // rows) * config["splits"] <= 2 * sms or config["splits"] == 1
     streaming = max(1, min(16, chunks // 4, 2 * sms // -(-n // 128)))  # 128-row CTAs, split while one wave holds
-    assert busiest(rows, config["splits"]) <= busiest(128, streaming), (n, k, config)
+    for _, _, config in TensorCoreGemm.configs(q, 1, 8):  # ranges apart only where resident activations stop fitting
+        rows = config.get("rows", 128)  # rows a CTA
+        assert config["tokens"] == 8
+        assert -(-n // rows) * config["splits"] <= 2 * sms or config["splits"] == 1
+        assert busiest(rows, config["splits"]) <= busiest(128, streaming), (n, k, config)
 
 
 def test_balanced_one_token_configs_never_load_an_sm_more(rng):

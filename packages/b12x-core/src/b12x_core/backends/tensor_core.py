@@ -8,7 +8,7 @@ shard factor, static fp8 with its scale there too). Per-token fp8 scales need th
 
 Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
 the K split whose CTAs fill the GPU in the most even waves (tensor_core.gemm.default_config, from the kernel's occupancy
-on this device).
+on this device); at one-token tiles of FP8 and MXFP8, activations held whole in shared memory (gemm.holds_resident).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class TensorCoreGemm(Backend):
 
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
-                                    share=gemm.split_share(q.format, m, q.k))  # fmt: skip
+                                    share=gemm.split_share(q.format, m, q.k), fmt=q.format)  # fmt: skip
             return c.plan_row()
 
         return config_ranges(lo, hi, config_of)

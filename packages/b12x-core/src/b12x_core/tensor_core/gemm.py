@@ -8,7 +8,7 @@ caller chooses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from b12x_formats.quantized import codec_for
 
 from .. import pdl
 from . import layout
-from .geometry import TILE_ROWS, output_tiles, token_tile, token_tiles
+from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tile, token_tiles
 
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
@@ -72,8 +72,8 @@ class MmaConfig:
     rt: int = 1  # row tiles of 16 per warp: each activation fragment feeds rt tiles
     tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (balanced_config)
     # One-token tiles of one row tile a warp, dense: the split's activations held whole in shared memory, no CTA barrier
-    # a stage (csrc/mma_gemm.cuh, resident_row_elems). Experimental: built without a GPU, no plan sets it until a
-    # device call times it (mma_linear.py --resident-ab) and its GPU test passes.
+    # a stage (csrc/mma_gemm.cuh, resident_row_elems). default_config sets it where it was measured faster
+    # (RESIDENT_FORMATS).
     resident: bool = False
 
     @classmethod
@@ -141,19 +141,42 @@ STREAMING_CTAS_PER_SM = 2
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
-                   sms: int = 0, share: float = 0.0, balance: bool = True) -> MmaConfig:  # fmt: skip
+                   sms: int = 0, share: float = 0.0, balance: bool = True, fmt: str = "") -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
     per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
     least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
-    far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it)."""
+    far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it). Given the format,
+    one-token tiles of RESIDENT_FORMATS hold their activations whole where they fit (holds_resident)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms and rt == 1 and balance:
-        return balanced_config(m, n, chunks, sms, max_splits)
-    if mt == 1 and sms:
-        return MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
-    return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
+        config = balanced_config(m, n, chunks, sms, max_splits)
+    elif mt == 1 and sms:
+        config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
+    else:
+        return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
+    if holds_resident(fmt, m, chunks, config):
+        config = replace(config, resident=True)
+    return config
+
+
+# Resident activations (MmaConfig.resident) against the staged ones, same run (H200, 2026-12-03, mma_linear.py
+# --resident-ab, docs/performance.md): FP8 8-13% faster (the 8B layer 98.4 -> 85.6 us at one token, 103.5 -> 96.4 at
+# four; the 70B layer 302 -> 273 at one), MXFP8 5% at one token and even at four. Their decode is the lightest, so
+# the CTA barrier of each activation stage weighs most; NVFP4, MXFP4, Q8_0, FP8_BLOCK and the IQ2 codecs were 2-6%
+# slower. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
+RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})
+RESIDENT_MAX_BYTES = 4 * 4096 * 2
+
+
+def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig) -> bool:
+    """Whether a dense call of `m` tokens under `config` holds its activations whole: a RESIDENT_FORMATS format at a
+    one-token tile of one row tile a warp, its live rows over the split's K within RESIDENT_MAX_BYTES of bf16."""
+    if fmt not in RESIDENT_FORMATS or config.mt != 1 or config.rt != 1:
+        return False
+    split_k = -(-chunks // config.splits) * chunk_k(fmt)
+    return min(m, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
 
 
 def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16) -> MmaConfig:
