@@ -63,6 +63,18 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
+// A 32-bit shared-memory load at a shared-window address (plus a constant byte offset the load encodes).
+__device__ __forceinline__ uint32_t ld_shared(uint32_t addr) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+template <int OFFSET>
+__device__ __forceinline__ uint32_t ld_shared_at(uint32_t addr) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1+%2];" : "=r"(v) : "r"(addr), "n"(OFFSET));
+  return v;
+}
 __device__ __forceinline__ uint32_t splat_bf16(float f) {  // f must be exact in bf16
   const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(f));
   return h | (h << 16);
@@ -216,24 +228,35 @@ struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (t
 };
 
 // IQ2: one 256-weight block per row and chunk; lane t holds weights 64t..64t+63 (8 groups of 8).
-// A group's 8 grid values {8, 25, 43} with their signs come out of two PRMTs over a 6-entry byte table
-// (selector nibble = grid code 0..2, plus 4 when negative); the grid-code word and the sign word of a group
-// are read from shared-memory tables replicated kReplicas times across the banks, so the warp's 32 random
-// lookups conflict at most two-way. The sub-block factor (0.5+s)/4 multiplies in bf16 (exact; the product rounds once), the block's
-// fp16 d multiplies the chunk's fp32 partial sums (ACC: the whole chunk is one block of the row).
-// The grid's three values (the host checks them against b12x_formats' grids when it builds the tables) as bf16
-// bytes:
-constexpr uint32_t kLo0 = 0x002CC800u, kLo1 = 0x002CC800u;  // low bytes of bf16 8, 25, 43 (+ the same, -)
-constexpr uint32_t kHi0 = 0x00424141u, kHi1 = 0x00C2C1C1u;  // high bytes: +8 +25 +43 | -8 -25 -43
+// A group's 8 grid values {8, 25, 43} with their signs, times the sub-block factor (0.5+s)/4, come out of two PRMTs
+// over a 6-entry byte table (selector nibble = grid code 0..2, plus 4 when negative) that already holds the three
+// products as bf16 bytes (iq2_scaled: two bf16x2 multiplies, each product rounded once, as multiplying every weight
+// rounded it; the negatives differ in the sign bit only), so a group needs no multiply. decode8 asks for a sub-block's
+// table in each of its groups; the compiler builds it once a sub-block (a pure computation, common to them), which
+// also leaves it room to rebuild rather than hold it where registers are scarce (wgmma's 64-token tile). The
+// grid-code word and the sign word of a group are read from shared-memory tables replicated kReplicas times across
+// the banks, so the warp's 32 random lookups conflict at most two-way. The block's fp16 d multiplies the chunk's
+// fp32 partial sums (ACC: the whole chunk is one block of the row).
+// The grid's three values (the host checks them against b12x_formats' grids when it builds the tables) as bf16x2:
+constexpr uint32_t kGrid01 = 0x41C84100u;  // bf16 (8, 25)
+constexpr uint32_t kGrid2 = 0x0000422Cu;   // bf16 (43, 0)
 
-__device__ __forceinline__ void iq2_values(uint32_t sel, uint32_t mul, uint32_t (&a)[4]) {
-  uint32_t lo = prmt(kLo0, kLo1, sel), hi = prmt(kHi0, kHi1, sel);
-  a[0] = bmul(prmt(lo, hi, 0x5140u), mul);
-  a[1] = bmul(prmt(lo, hi, 0x7362u), mul);
-  lo = prmt(kLo0, kLo1, sel >> 16);
-  hi = prmt(kHi0, kHi1, sel >> 16);
-  a[2] = bmul(prmt(lo, hi, 0x5140u), mul);
-  a[3] = bmul(prmt(lo, hi, 0x7362u), mul);
+struct Iq2Scaled {  // the grid's values times one sub-block factor: bf16 low bytes, high bytes, negated high bytes
+  uint32_t lo, hi, hi_neg;
+};
+__device__ __forceinline__ Iq2Scaled iq2_scaled(uint32_t mul) {  // mul: the factor as a bf16 splat
+  const uint32_t v01 = bmul(kGrid01, mul), v2 = bmul(kGrid2, mul);  // bytes 0-3: 8f, 25f; bytes 4-5: 43f
+  const uint32_t hi = prmt(v01, v2, 0x1531u);
+  return {prmt(v01, v2, 0x0420u), hi, hi ^ 0x00808080u};
+}
+__device__ __forceinline__ void iq2_values(uint32_t sel, const Iq2Scaled& g, uint32_t (&a)[4]) {
+  uint32_t lo = prmt(g.lo, g.lo, sel), hi = prmt(g.hi, g.hi_neg, sel);
+  a[0] = prmt(lo, hi, 0x5140u);
+  a[1] = prmt(lo, hi, 0x7362u);
+  lo = prmt(g.lo, g.lo, sel >> 16);
+  hi = prmt(g.hi, g.hi_neg, sel >> 16);
+  a[2] = prmt(lo, hi, 0x5140u);
+  a[3] = prmt(lo, hi, 0x7362u);
 }
 
 template <bool XS>
@@ -241,8 +264,10 @@ struct FmtIQ2 {
   static constexpr int E = 64, KB = XS ? MMA_CHUNK_K_IQ2_XS : MMA_CHUNK_K_IQ2_XXS, META = 2, META2 = XS ? 8 : 0;
   static constexpr bool ACC = true;
   static constexpr int GRID = XS ? IQ2_XS_GRID_ENTRIES : IQ2_XXS_GRID_ENTRIES;  // the 128 sign words follow
+  // Sub-block factors of a lane's 64 weights: IQ2_XS one a 16 (four nibbles), IQ2_XXS one a 32 (sub-blocks 2t, 2t+1).
+  static constexpr int SUBS = XS ? 4 : 2;
   struct S {
-    uint32_t mul[4];  // per 16 weights of the lane: IQ2_XXS sub-blocks 2t, 2t+1; IQ2_XS four nibbles
+    uint32_t mul[SUBS];  // each factor as a bf16 splat
   };
   __device__ static S scale(const uint8_t*, const uint8_t* m2, int t, const uint4& q, float) {
     S s;
@@ -251,26 +276,37 @@ struct FmtIQ2 {
 #pragma unroll
       for (int h = 0; h < 4; ++h) s.mul[h] = splat_bf16(0.125f + 0.25f * float((two >> (4 * h)) & 15u));
     } else {
-      s.mul[0] = s.mul[1] = splat_bf16(0.125f + 0.25f * float(q.y >> 28));
-      s.mul[2] = s.mul[3] = splat_bf16(0.125f + 0.25f * float(q.w >> 28));
+      s.mul[0] = splat_bf16(0.125f + 0.25f * float(q.y >> 28));
+      s.mul[1] = splat_bf16(0.125f + 0.25f * float(q.w >> 28));
     }
     return s;
   }
   __device__ static float acc_scale(const uint8_t* m) { return __half2float(*reinterpret_cast<const __half*>(m)); }
+  // A group's grid and sign words, addressed from this lane's replica: word i of a table sits i·kReplicas words in
+  // (byte offset i << 6), and the sign table GRID·kReplicas words further (an immediate of the load). A field at the
+  // word's top needs no mask.
   template <int G>
   __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
+    static_assert(kReplicas * 4 == 64, "an index's byte offset is index << 6");
     uint32_t grid_idx, sign_idx;
-    if constexpr (XS) {
-      const uint32_t v = word(q, G >> 1) >> (16 * (G & 1));
-      grid_idx = v & 511u;
-      sign_idx = (v >> 9) & 127u;
-    } else {
-      grid_idx = (word(q, 2 * (G >> 2)) >> (8 * (G & 3))) & 255u;
-      sign_idx = (word(q, 2 * (G >> 2) + 1) >> (7 * (G & 3))) & 127u;
+    if constexpr (XS) {  // a 16-bit half per group: grid index in bits 0-8, sign index in bits 9-15
+      const uint32_t w = word(q, G >> 1);
+      if constexpr (G & 1) {
+        grid_idx = (w >> 16) & 511u;
+        sign_idx = w >> 25;
+      } else {
+        grid_idx = w & 511u;
+        sign_idx = (w >> 9) & 127u;
+      }
+    } else {  // four 8-bit grid indices in one word, four 7-bit sign indices in the next
+      const uint32_t gw = word(q, 2 * (G >> 2)), sw = word(q, 2 * (G >> 2) + 1);
+      grid_idx = (G & 3) == 3 ? gw >> 24 : (gw >> (8 * (G & 3))) & 255u;
+      sign_idx = (sw >> (7 * (G & 3))) & 127u;
     }
-    const int r = lane % kReplicas;
-    const uint32_t sel = tab[grid_idx * kReplicas + r] | tab[(GRID + sign_idx) * kReplicas + r];
-    iq2_values(sel, s.mul[G >> 1], a);
+    const uint32_t lane_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % kReplicas);
+    const uint32_t sel =
+        ld_shared(lane_tab + (grid_idx << 6)) | ld_shared_at<GRID * kReplicas * 4>(lane_tab + (sign_idx << 6));
+    iq2_values(sel, iq2_scaled(s.mul[XS ? G >> 1 : G >> 2]), a);
   }
 };
 
