@@ -76,7 +76,7 @@ struct MmaPlan {
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
-  int resident;                   // mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole (experimental)
+  int resident;                   // mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole
 };
 static_assert(sizeof(MmaPlan) == 112, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 

@@ -39,7 +39,7 @@ constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 row
 // Row tiles per CTA, TILES: kWarps for every configuration, and 6 or 7 (6 or 7 warps) for the one-token tile of one
 // row tile a warp (MmaPlan::tiles). At one token a CTA streams its weights for the whole call and one wave holds every
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
-// busy SMs'; 112-row CTAs (256) give nearly every SM two (experimental: no plan picks it until timed).
+// busy SMs'; 112-row CTAs (256) give nearly every SM two (gemm.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
 
@@ -366,7 +366,7 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
   constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, TILES>() + 1024);
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
-// Resident activations (MmaPlan::resident; experimental: no plan sets it): a one-token tile's live rows (at most 8,
+// Resident activations (MmaPlan::resident; plans set it for FP8 and MXFP8): a one-token tile's live rows (at most 8,
 // dense) over the whole K range of its split, loaded once with the first weights, so the main loop has no CTA
 // barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's hottest stall).
 // A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk keep the

@@ -121,7 +121,7 @@ MmaPlan = _block(
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
-        ("resident", "int", "mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole (experimental)"),
+        ("resident", "int", "mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole"),
     ],
 )
 
