@@ -12,7 +12,9 @@ Method (decode_linear.py's): one CUDA graph runs the layer on each of several we
 4× L2, so weights come from HBM), replayed many times between CUDA events; per-layer time = median replay
 time / copies. Weights are random valid codes written straight into the kernel's layout (quantizing 855 M
 weights on the host would take minutes; the kernel's time does not depend on the values). `--sweep` also times
-every token tile × K split at each M and reports the best beside the default configuration. `--pdl-ab` times
+every token tile × K split at each M and reports the best beside the default configuration (`--sweep-one-token`: at
+one-token tiles also every CTA height and staged or resident activations, which set how many CTAs an SM holds).
+`--pdl-ab` times
 the default configuration with programmatic dependent launch and without (B12X_PDL=1 / 0's argument blocks), in the
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
 norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
@@ -92,6 +94,11 @@ def main() -> None:
     parser.add_argument("--formats", default=FORMATS)
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument(
+        "--sweep-one-token",
+        action="store_true",
+        help="--sweep at one-token tiles: also CTA heights of 96/112 rows, resident activations",
+    )
     parser.add_argument("--model", default="70b", choices=sorted(MODELS))
     parser.add_argument("--occupancy-rule", action="store_true",
                         help="at one-token tiles also time the K splits that fill the kernel's occupancy")  # fmt: skip
@@ -165,6 +172,17 @@ def main() -> None:
 
                 return time_graph(layer, len(layers), args.replays)
 
+            def runs(s, c) -> bool:
+                """Whether the extension runs shard s under c (it refuses resident rows past shared memory), tried
+                once outside the graph so that a refusal does not break a capture."""
+                ws = gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles)
+                try:
+                    gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
+                except ValueError as refused:
+                    print(f"    {s.n}x{s.k} {config_label(c)}: {refused}", flush=True)
+                    return False
+                return True
+
             def per_linear(configs):
                 return {lname: timed(configs, only=li) for li, (lname, _, _) in enumerate(shapes)}
 
@@ -197,17 +215,24 @@ def main() -> None:
                     )
             if args.sweep:  # each linear's best configuration, varied one linear at a time
                 best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda"), sms=sms,
-                                            share=gemm.split_share(fmt, m, s.k)) for s in one_layer]  # fmt: skip
+                                            share=gemm.split_share(fmt, m, s.k), fmt=fmt)
+                        for s in one_layer]  # fmt: skip
                 for li, s in enumerate(one_layer):
                     cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)
                              for sp in (1, 2, 3, 4, 6, 8, 12, 16) if sp <= s.chunks for rt in args.rts]  # fmt: skip
+                    if args.sweep_one_token:  # one-token tiles: CTA heights of 6-8 row tiles, staged or resident
+                        cands += [gemm.MmaConfig(1, c.splits, 1, tiles, resident) for c in cands
+                                  if c.mt == 1 and c.rt == 1 for tiles in (6, 7, 8) for resident in (False, True)
+                                  if (tiles, resident) != (8, False)]  # fmt: skip
                     timings = []
                     for c in cands:
+                        if not runs(s, c):
+                            continue
                         trial = list(best)
                         trial[li] = c
                         timings.append((timed(trial), c))
                     best[li] = min(timings, key=lambda r: r[0])[1]
-                results.append((timed(best), "best " + " ".join(f"{c.rt}:{c.mt}/{c.splits}" for c in best)))
+                results.append((timed(best), "best " + " ".join(f"rt{c.rt} {config_label(c)}" for c in best)))
             t_bf16, t_fp8 = base[m]
             for t, label, *linears in results:
                 gbs = nbytes / t / 1e3
