@@ -201,8 +201,7 @@ def main() -> None:
                     results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
                 if args.balance_ab and mt == 1 and rt == 1:  # 128-row CTAs beside the default's balanced heights
                     alt = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, balance=False) for s in one_layer]
-                    configs = " ".join(f"{c.mt}/{c.splits}/{16 * c.tiles}" for c in alt)
-                    alabel = f"128-row rt1 {configs}"
+                    alabel = "128-row rt1 " + " ".join(config_label(c) for c in alt)
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
                 if args.resident_ab and mt == 1 and rt == 1:  # the same CTAs and splits, resident activations toggled
                     flipped = [dataclasses.replace(c, resident=not c.resident) for c in defaults]

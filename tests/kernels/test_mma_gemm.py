@@ -86,9 +86,10 @@ def test_shorter_ctas_sum_as_the_full_ones(rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_resident_activations_sum_as_the_staged_ones(rng, fmt):
-    """Resident activations (MmaConfig.resident, experimental): each row tile's chunks in the same order and the same
-    split reduction as the staged kernel, so the same bits, and the oracle's values; M below, at and past one tile of
-    8 tokens (rows past M are neither held nor read), splits shorter than the ring, CTA heights 8 and 7, bias."""
+    """Resident activations (MmaConfig.resident, the FP8 / MXFP8 plans' one-token form): each row tile's chunks in
+    the same order and the same split reduction as the staged kernel, so the same bits, and the oracle's values; M
+    below, at and past one tile of 8 tokens (rows past M are neither held nor read), splits shorter than the ring, CTA
+    heights 8 and 7, bias."""
     for n, k in _shapes(fmt):
         w64, shards = _case(rng, fmt, n, k)
         chunks = shards[0].chunks
