@@ -22,7 +22,7 @@ alone over the copies) to the default configuration's rows. `--balance-ab` also 
 CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
 even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
 resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
-defaults hold them for gemm.RESIDENT_FORMATS where they fit).
+defaults hold them where gemm.holds_resident allows).
 """
 
 from __future__ import annotations

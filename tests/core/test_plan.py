@@ -221,22 +221,25 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "MXFP8", "Q8_0"])
 def test_plans_hold_activations_resident_only_at_one_token_tiles_that_fit(rng, fmt):
     """MmaConfig.resident (one-token tiles with the split's activations held whole in shared memory) is a plan's
-    choice only for the formats measured faster with it (gemm.RESIDENT_FORMATS), only at one-token tiles, and only
-    where the call's live rows over the split's K stay within gemm.RESIDENT_MAX_BYTES; those formats do take it for
-    one token over a K of at most 4096 (measured there). A plan row naming it reads back as written."""
+    choice only at one-token tiles, past one token only for the formats measured faster with it there
+    (gemm.RESIDENT_FORMATS), and only where the call's live rows over the split's K stay within
+    gemm.RESIDENT_MAX_BYTES; every format takes it for one token over a K of at most 4096 (measured there), and the
+    formats of RESIDENT_FORMATS for four. A plan row naming it reads back as written."""
     from b12x_core.backends.tensor_core import TensorCoreGemm
     from b12x_core.tensor_core import gemm, geometry
 
     n, k = int(rng.integers(1, 400)) * 128, int(rng.integers(4, 64)) * 256
     q = query(fmt, "bf16", H200, max_tokens=300, n=n, k=k)
     chunks = -(-k // geometry.chunk_k(fmt))
-    for _, hi, config in TensorCoreGemm.configs(q, 1, 300):
+    for lo, hi, config in TensorCoreGemm.configs(q, 1, 300):
         if config.get("resident"):
-            assert fmt in gemm.RESIDENT_FORMATS and config["tokens"] == 8
+            assert config["tokens"] == 8 and (hi == 1 or fmt in gemm.RESIDENT_FORMATS), (lo, hi, config)
             split_k = -(-chunks // config["splits"]) * geometry.chunk_k(fmt)
             assert min(hi, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
-    one_token = TensorCoreGemm.configs(query(fmt, "bf16", H200, max_tokens=8, n=n, k=min(k, 4096)), 1, 1)[0][2]
-    assert bool(one_token.get("resident")) == (fmt in gemm.RESIDENT_FORMATS)
+    small = query(fmt, "bf16", H200, max_tokens=8, n=n, k=min(k, 4096))
+    assert TensorCoreGemm.configs(small, 1, 1)[0][2].get("resident")
+    four_tokens = TensorCoreGemm.configs(small, 4, 4)[0][2]
+    assert bool(four_tokens.get("resident")) == (fmt in gemm.RESIDENT_FORMATS)
     splits, tiles = int(rng.integers(1, 17)), int(rng.choice([6, 7, 8]))
     for resident in (True, False):
         config = gemm.MmaConfig(1, splits, tiles=tiles, resident=resident)

@@ -638,33 +638,21 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
   const int tile_global = expert * p.n16 + tile_base;  // in the stacked weight
 
-  // Activation stage [TOK tokens, XC chunks of K]: 16-byte cp.async pieces, zero-filled past M, K and the split.
-  auto load_stage = [&](int c0, int buf) {
-    __nv_bfloat16* dst = xs + buf * XSTAGE;
-    constexpr int PIECES_PER_ROW = XC * F::KB / 8;
+  // Activation rows from chunk c0 on, `pieces` 16-byte cp.async pieces a row, in the swizzle the fragments read,
+  // zero-filled past M, K and the split. Staged: a stage of TOK rows and XC chunks; resident: the live rows of
+  // the whole split (chunk-relative swizzle, see resident_row_elems).
+  auto load_rows = [&](__nv_bfloat16* dst, int row_stride, int rows, int pieces, int c0) {
     const int k_end = min(p.K, c_end * F::KB);
-    for (int i = threadIdx.x; i < TOK * PIECES_PER_ROW; i += THREADS) {
-      const int r = i / PIECES_PER_ROW, pc = i % PIECES_PER_ROW;
+    for (int i = threadIdx.x; i < rows * pieces; i += THREADS) {
+      const int r = i / pieces, pc = i % pieces;
       const int m = src_row[r], k = c0 * F::KB + pc * 8;
       const bool ok = m >= 0 && k < k_end;
       const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
-      cp_async16(dst + r * XROW + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
+      cp_async16(dst + r * row_stride + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
     }
   };
-  // Resident: every live row's pieces of the split, in the staged swizzle (chunk-relative, see resident_row_elems).
+  auto load_stage = [&](int c0, int buf) { load_rows(xs + buf * XSTAGE, XROW, TOK, XC * F::KB / 8, c0); };
   const int live_rows = RX ? min(TOK, p.M - mtile * TOK) : TOK;
-  auto load_resident = [&]() {
-    constexpr int PIECES_PER_CHUNK = F::KB / 8;
-    const int pieces = (c_end - c_begin) * PIECES_PER_CHUNK;
-    const int k_end = min(p.K, c_end * F::KB);
-    for (int i = threadIdx.x; i < live_rows * pieces; i += THREADS) {
-      const int r = i / pieces, pc = i % pieces;
-      const int m = src_row[r], k = c_begin * F::KB + pc * 8;
-      const bool ok = m >= 0 && k < k_end;
-      const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
-      cp_async16(xs + r * XR + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
-    }
-  };
 
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
   const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
@@ -686,7 +674,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   // (issued above) and the first stage's activations; the next kStages - 2 are empty.
   if (c_begin < c_end) {
     if constexpr (RX) {
-      load_resident();
+      load_rows(xs, XR, live_rows, (c_end - c_begin) * (F::KB / 8), c_begin);
     } else {
       load_stage(c_begin, 0);
     }
@@ -699,9 +687,11 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
 #pragma unroll
   for (int r = 0; r <= SW; ++r) xoff[r] = ((r ^ ((F::E / 8 * t >> 3) & SW)) - r) * 8;
   int buf = 0;
-  const bool q_live = !RX || q < live_rows;  // resident: rows past the tile's tokens are not held (zero B)
+  // Resident: rows past the tile's tokens are not held. Their lanes read row 0 instead: a token's B column reaches
+  // only its own D column, and store_tile stores no column of a token past M (dst_row −1), so no select is needed.
+  const int q_held = RX && q >= live_rows ? 0 : q;
   for (int base = c_begin; base < c_end; base += XC) {
-    const __nv_bfloat16* xrow = RX ? xs + q * XR + (base - c_begin) * F::KB + F::E * t
+    const __nv_bfloat16* xrow = RX ? xs + q_held * XR + (base - c_begin) * F::KB + F::E * t
                                    : xs + buf * XSTAGE + q * XROW + F::E * t;
     static_for<XC>([&](auto U) {
       constexpr int u = decltype(U)::value;
@@ -745,12 +735,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
 #pragma unroll
             for (int j = 0; j < MT; ++j) {
               const uint4* bp = reinterpret_cast<const uint4*>(xrow + 8 * j * XROW + u * F::KB + 8 * g + xoff[g & SW]);
-              uint4 b;
-              if constexpr (RX) {
-                b = q_live ? *bp : make_uint4(0u, 0u, 0u, 0u);
-              } else {
-                b = *bp;
-              }
+              const uint4 b = *bp;
 #pragma unroll
               for (int r = 0; r < RT; ++r) {
                 mma16816(target[r][j], ar[r][0], ar8[r][0], ar[r][1], ar8[r][1], b.x, b.y);

@@ -8,7 +8,7 @@ shard factor, static fp8 with its scale there too). Per-token fp8 scales need th
 
 Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
 the K split whose CTAs fill the GPU in the most even waves (tensor_core.gemm.default_config, from the kernel's occupancy
-on this device); at one-token tiles of FP8 and MXFP8, activations held whole in shared memory (gemm.holds_resident).
+on this device); at one token (FP8 and MXFP8: up to 8), activations held whole in shared memory (gemm.holds_resident).
 """
 
 from __future__ import annotations

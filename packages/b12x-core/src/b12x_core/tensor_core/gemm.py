@@ -73,7 +73,7 @@ class MmaConfig:
     tiles: int = 8  # row tiles of 16 per CTA: 8, or 6 / 7 at one-token tiles of one row tile a warp (balanced_config)
     # One-token tiles of one row tile a warp, dense: the split's activations held whole in shared memory, no CTA barrier
     # a stage (csrc/mma_gemm.cuh, resident_row_elems). default_config sets it where it was measured faster
-    # (RESIDENT_FORMATS).
+    # (holds_resident).
     resident: bool = False
 
     @classmethod
@@ -147,7 +147,7 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
     least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
     far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it). Given the format,
-    one-token tiles of RESIDENT_FORMATS hold their activations whole where they fit (holds_resident)."""
+    one-token tiles hold their activations whole where the rule measured allows (holds_resident)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms and rt == 1 and balance:
@@ -162,18 +162,21 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
 
 
 # Resident activations (MmaConfig.resident) against the staged ones, same run (H200, 2026-12-03, mma_linear.py
-# --resident-ab, docs/performance.md): FP8 8-13% faster (the 8B layer 98.4 -> 85.6 us at one token, 103.5 -> 96.4 at
-# four; the 70B layer 302 -> 273 at one), MXFP8 5% at one token and even at four. Their decode is the lightest, so
-# the CTA barrier of each activation stage weighs most; NVFP4, MXFP4, Q8_0, FP8_BLOCK and the IQ2 codecs were 2-6%
-# slower. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
-RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})
+# --resident-ab --per-linear, docs/performance.md), since dead token rows read row 0 instead of a per-group select:
+# at one token every format's every 8B and 70B linear is as fast or faster (the 8B layer: NVFP4 73.6 -> 68.0 us,
+# Q8_0 104.0 -> 97.1, IQ2_XXS 79.0 -> 75.7, FP8 98.7 -> 87.9; the 70B: 3-14% a layer, FP8_BLOCK even). At 2-8
+# tokens the gain shrinks and turns with the CTAs an SM holds (70B gate_up: -15% to +19% by format and tokens), so
+# only FP8 and MXFP8, whose decode is the lightest and which gained most (the 8B layer at four tokens 105.7 -> 95.0),
+# keep them past one token. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
+RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
 
 def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig) -> bool:
-    """Whether a dense call of `m` tokens under `config` holds its activations whole: a RESIDENT_FORMATS format at a
-    one-token tile of one row tile a warp, its live rows over the split's K within RESIDENT_MAX_BYTES of bf16."""
-    if fmt not in RESIDENT_FORMATS or config.mt != 1 or config.rt != 1:
+    """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
+    tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS, its live rows over the split's
+    K within RESIDENT_MAX_BYTES of bf16."""
+    if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and fmt not in RESIDENT_FORMATS):
         return False
     split_k = -(-chunks // config.splits) * chunk_k(fmt)
     return min(m, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
