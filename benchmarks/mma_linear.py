@@ -22,7 +22,8 @@ alone over the copies) to the default configuration's rows. `--balance-ab` also 
 CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
 even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
 resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
-defaults hold them where gemm.holds_resident allows).
+defaults hold them where gemm.holds_resident allows). `--x-quant-ab` times FP8 with fp8 static activations at
+one-token tiles twice: quantized by the operand pass before each linear, and by the kernel where it holds them.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from b12x_core import pdl
 from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
+from b12x_kernels import act_quant
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 MODELS = {"70b": LLAMA70B, "8b": LLAMA8B}
 FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
+X_STATIC_SCALE = 0.02  # --x-quant-ab's fp8 static input scale (randn activations: codes up to about ±250)
 
 
 def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
@@ -111,6 +114,12 @@ def main() -> None:
         action="store_true",
         help="one-token tiles: also the defaults with resident activations toggled (MmaConfig.resident)",
     )
+    parser.add_argument(
+        "--x-quant-ab",
+        action="store_true",
+        help="FP8 at one-token tiles: fp8 static activations by the operand pass + the kernel, and quantized in the "
+        "kernel where it holds them (MmaShard.plan's x_quant_scale)",
+    )
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
     parser.add_argument("--png", default=None)
@@ -157,9 +166,12 @@ def main() -> None:
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
+            xq = {k: torch.empty_like(x) for k, x in xs.items()}  # --x-quant-ab's operand pass writes these
 
-            def timed(configs, copies=layers, only=None):
-                """The layer's time under `configs` (one per linear), or linear `only`'s alone."""
+            def timed(configs, copies=layers, only=None, fp8_static=""):
+                """The layer's time under `configs` (one per linear), or linear `only`'s alone. `fp8_static`: "pass"
+                quantizes each linear's activations first (b12x_kernels.act_quant, as the fp8_static operand pass
+                does), "kernel" lets resident configurations quantize them where they are held (x_quant_scale)."""
                 wss = [
                     gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles)
                     for s, c in zip(one_layer, configs, strict=True)
@@ -168,7 +180,14 @@ def main() -> None:
                 def layer(i):
                     for li, (s, c, ws) in enumerate(zip(copies[i], configs, wss, strict=True)):
                         if only is None or li == only:
-                            gemm.run(xs[s.k], [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream)
+                            x, x_quant_scale = xs[s.k], 0.0
+                            if fp8_static == "kernel" and c.resident:
+                                x_quant_scale = X_STATIC_SCALE
+                            elif fp8_static:
+                                act_quant.quantize_fp8(x, "fp8_static", xq[s.k], None, static_scale=X_STATIC_SCALE)
+                                x = xq[s.k]
+                            gemm.run(x, [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream,
+                                     x_quant_scale=x_quant_scale)  # fmt: skip
 
                 return time_graph(layer, len(layers), args.replays)
 
@@ -183,8 +202,10 @@ def main() -> None:
                     return False
                 return True
 
-            def per_linear(configs):
-                return {lname: timed(configs, only=li) for li, (lname, _, _) in enumerate(shapes)}
+            def per_linear(configs, fp8_static=""):
+                return {
+                    lname: timed(configs, only=li, fp8_static=fp8_static) for li, (lname, _, _) in enumerate(shapes)
+                }
 
             mt = geometry.token_tile(m)
             results = []
@@ -207,6 +228,10 @@ def main() -> None:
                     flipped = [dataclasses.replace(c, resident=not c.resident) for c in defaults]
                     flabel = "toggled " + " ".join(config_label(c) for c in flipped)
                     results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
+                if args.x_quant_ab and fmt == "FP8" and mt == 1 and rt == 1:  # the quantize pass against none
+                    for how in ("pass", "kernel"):
+                        results.append((timed(defaults, fp8_static=how), f"fp8 static by the {how} {label}",
+                                        per_linear(defaults, fp8_static=how) if args.per_linear else None))  # fmt: skip
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

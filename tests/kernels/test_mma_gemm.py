@@ -34,11 +34,11 @@ def _case(rng, fmt, n, k):
     return torch.from_numpy(bf.dequantize(qw)).double(), shards
 
 
-def _run(x, shards, n, bias, config):
+def _run(x, shards, n, bias, config, x_quant_scale=0.0):
     m = x.shape[0]
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
-    gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream)
+    gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream, x_quant_scale=x_quant_scale)
     assert int(ws.tickets.abs().sum()) == 0  # left ready for the next call
     return y
 
@@ -103,6 +103,39 @@ def test_resident_activations_sum_as_the_staged_ones(rng, fmt):
                     resident = _run(x, shards, n, bias, gemm.MmaConfig(1, splits, tiles=tiles, resident=True))
                     assert torch.equal(resident, staged), (tiles, splits, m, n, k)
                 close(resident, ref, slack=rounding_slack(fmt, x, w64))
+
+
+def test_fp8_static_activations_quantized_where_held(rng):
+    """x_quant_scale (resident FP8; no plan passes it yet): the kernel quantizes the rows it holds to fp8 static
+    activations, the same bits as the operand pass (b12x_kernels.act_quant) followed by the resident kernel, and the
+    oracle's values: e4m3(x / scale) by ml_dtypes (saturated at ±448) times the weights. Values span subnormal codes
+    and saturation (the scale is half what the largest value needs); M below and at one tile, splits, heights 8 and 7,
+    bias."""
+    import ml_dtypes
+
+    from b12x_kernels import act_quant
+
+    fmt = "FP8"
+    for n, k in _shapes(fmt):
+        w64, shards = _case(rng, fmt, n, k)
+        chunks = shards[0].chunks
+        bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to("cuda", torch.bfloat16)
+        for m in (1, 3, 8):
+            spread = rng.choice([1e-4, 1.0, 30.0], size=(m, k))  # subnormal codes, normals, saturation
+            x = torch.from_numpy((rng.standard_normal((m, k)) * spread).astype(np.float32)).to("cuda", torch.bfloat16)
+            scale = float(np.float32(x.float().abs().max().item() / 448.0 * 0.5))
+            values = torch.empty_like(x)
+            act_quant.quantize_fp8(x, "fp8_static", values, None, static_scale=scale)
+            codes = np.clip(x.float().cpu().numpy() / np.float32(scale), -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn)
+            x_hat = torch.from_numpy(codes.astype(np.float64))
+            assert torch.equal(values.double().cpu(), x_hat)  # the operand pass itself against the oracle
+            ref = x_hat @ w64.T + bias.double().cpu()
+            for splits in sorted({1, min(3, chunks), chunks}):
+                for tiles in (8, 7):
+                    config = gemm.MmaConfig(1, splits, tiles=tiles, resident=True)
+                    fused = _run(x, shards, n, bias, config, x_quant_scale=scale)
+                    assert torch.equal(fused, _run(values, shards, n, bias, config)), (tiles, splits, m, n, k)
+                close(fused, ref, slack=rounding_slack(fmt, x_hat, w64))
 
 
 def test_cta_heights_the_kernel_lacks_are_refused(rng):

@@ -26,6 +26,7 @@ from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
 from b12x_core.tensor_core import experts as mma_experts
 from b12x_core.tensor_core import layout as mma_layout
+from b12x_formats.kernel_facts import format_id
 
 pytest.importorskip("triton")
 
@@ -206,6 +207,9 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
         (dict(resident=1, rt=2), {}, "resident activations need mt 1"),
         (dict(resident=1, N=32), dict(order=16, table=16, blocks=4), "resident activations run dense calls only"),
         (dict(resident=1, K=32768, chunks=1024), dict(M=8), "exceed 227 KB"),
+        (dict(x_quant_scale=1.0), {}, "x_quant_scale .* needs resident activations, FP8 weights"),
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant_scale=-1.0), {}, "positive finite scale"),
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant_scale=float("inf")), {}, "positive finite"),
         (dict(N=40), dict(order=16, table=16, blocks=4), "N % 16"),
         ("short", {}, "interface.h differ"),
     ],
@@ -220,7 +224,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=4, codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0, alpha=1.0,
                   scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0,
-                  pdl=0, resident=0)  # fmt: skip
+                  pdl=0, resident=0, x_quant_scale=0.0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):

@@ -77,7 +77,8 @@ struct MmaPlan {
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
   int resident;                   // mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole
+  float x_quant_scale;            // mma_gemm, resident FP8: > 0 holds the values of e4m3(x / it) (fp8 static); 0: x
 };
-static_assert(sizeof(MmaPlan) == 112, "MmaPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(MmaPlan) == 120, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

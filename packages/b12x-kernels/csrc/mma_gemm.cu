@@ -55,6 +55,10 @@ const char* mma_plan_error(const MmaPlan& p) {
     return "mma_gemm: tiles must be 8, or 6 or 7 at mt 1 and rt 1";
   if (p.resident != 0 && !(p.resident == 1 && p.mt == 1 && p.rt == 1))
     return "mma_gemm: resident activations need mt 1 and rt 1";
+  if (p.x_quant_scale != 0.f && !(p.resident == 1 && p.format == FMT_FP8 && p.x_quant_scale > 0.f &&
+                                  p.x_quant_scale <= 3.402823466e38f))
+    return "mma_gemm: x_quant_scale (fp8 static activations quantized in the kernel) needs resident activations, "
+           "FP8 weights and a positive finite scale";
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";

@@ -127,6 +127,21 @@ __device__ __forceinline__ uint32_t e4m3_pair_lo(uint32_t w) {
 __device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
   return ((w >> 4) & 0x07F007F0u) | (w & 0x80008000u);
 }
+// fp8 static activations quantized where they are held (MmaPlan::x_quant_scale): 8 bf16 values -> the bf16 values of
+// e4m3(x / scale), the division correctly rounded, then rounded to nearest even and saturated at ±448: the rule of
+// b12x_kernels.act_quant (fp8_static), whose separate pass this replaces. E4M3 values are exact in bf16.
+__device__ __forceinline__ uint4 e4m3_values8(uint4 v, float scale) {
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    const float2 q = make_float2(__fdiv_rn(f.x, scale), __fdiv_rn(f.y, scale));
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    w[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 // ---------------------------------------------------------------------------------------------- formats
 // Each format says: E (elements of one row per lane per chunk), KB (K per chunk), META / META2 (scale bytes per
 // row and chunk in `meta` / `meta2`), how a lane builds its per-chunk scale state S for one row from those bytes,
@@ -366,7 +381,8 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
   constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, TILES>() + 1024);
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
-// Resident activations (MmaPlan::resident; plans set it for FP8 and MXFP8): a one-token tile's live rows (at most 8,
+// Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
+// tile's live rows (at most 8,
 // dense) over the whole K range of its split, loaded once with the first weights, so the main loop has no CTA
 // barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's hottest stall).
 // A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk keep the
@@ -592,7 +608,8 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
 // A CTA covers TILES row tiles of 16 weight rows (128 rows) and one token tile; RT row tiles per warp (TILES/RT
 // warps) let each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
-template <class F, int MT, int RT, int TILES = kWarps, bool RX = false>
+// XQ (resident FP8 only): the held rows are fp8 static activations quantized as they are loaded (e4m3_values8).
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, bool XQ = false>
 __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int WARPS = TILES / RT, THREADS = 32 * WARPS;
@@ -601,6 +618,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   constexpr int SLOT = slot_bytes<F>();
   static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
   static_assert(!RX || (MT == 1 && RT == 1), "resident activations: one-token tiles of one row tile a warp");
+  static_assert(!XQ || RX, "activations are quantized where they are held");
   static_assert(F::KB / 64 % (x_swizzle_mask<F>() + 1) == 0, "the swizzle bits repeat every chunk");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
@@ -648,7 +666,12 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
       const int m = src_row[r], k = c0 * F::KB + pc * 8;
       const bool ok = m >= 0 && k < k_end;
       const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
-      cp_async16(dst + r * row_stride + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
+      if constexpr (XQ) {  // read, quantized and stored here: the barrier before the first chunk publishes them
+        const uint4 v = ok ? *reinterpret_cast<const uint4*>(p.x + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(dst + r * row_stride + phys * 8) = e4m3_values8(v, p.x_quant_scale);
+      } else {
+        cp_async16(dst + r * row_stride + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
+      }
     }
   };
   auto load_stage = [&](int c0, int buf) { load_rows(xs + buf * XSTAGE, XROW, TOK, XC * F::KB / 8, c0); };
@@ -771,12 +794,12 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
-template <class F, int MT, int RT, int TILES = kWarps, bool RX = false>
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, bool XQ = false>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
   static_assert(smem_bytes<F, MT, TILES>() <= 227 * 1024, "shared memory of one CTA");
   const int bytes = RX ? resident_smem_bytes<F>(p.M, p.chunks_per_split, TILES) : smem_bytes<F, MT, TILES>();
   if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // the host refuses it first (mma_resident_smem_bytes)
-  auto kernel = mma_gemm_kernel<F, MT, RT, TILES, RX>;
+  auto kernel = mma_gemm_kernel<F, MT, RT, TILES, RX, XQ>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * TILES / RT), bytes, stream, p);
@@ -810,7 +833,11 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
     if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here; dense only)
-      if (p.resident) return p.order ? cudaErrorNotSupported : launch<F, 1, 1, tl_, true>(p, mtiles, nblocks, stream);
+      if (p.resident && p.order) return cudaErrorNotSupported;
+      if constexpr (std::is_same_v<F, FmtFP8>) {  // fp8 static activations quantized where held (mma_plan_error)
+        if (p.resident && p.x_quant_scale != 0.f) return launch<F, 1, 1, tl_, true, true>(p, mtiles, nblocks, stream);
+      }
+      if (p.resident) return launch<F, 1, 1, tl_, true>(p, mtiles, nblocks, stream);
     }
     return launch<F, mt_, rt_, tl_>(p, mtiles, nblocks, stream);
   });

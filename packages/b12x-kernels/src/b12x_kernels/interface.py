@@ -122,6 +122,7 @@ MmaPlan = _block(
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
         ("resident", "int", "mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole"),
+        ("x_quant_scale", "float", "mma_gemm, resident FP8: > 0 holds the values of e4m3(x / it) (fp8 static); 0: x"),
     ],
 )
 
