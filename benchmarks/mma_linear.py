@@ -22,8 +22,9 @@ alone over the copies) to the default configuration's rows. `--balance-ab` also 
 CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
 even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
 resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
-defaults hold them where gemm.holds_resident allows). `--x-quant-ab` times FP8 with fp8 static activations at
-one-token tiles twice: quantized by the operand pass before each linear, and by the kernel where it holds them.
+defaults hold them where gemm.holds_resident allows). `--x-quant-ab` times, at one-token tiles, each quantized
+activation mode the format pairs with (FP8: fp8 static; MXFP8, MXFP4: mxfp8; NVFP4: mxfp8, nvfp4) twice: quantized by
+the operand pass before each linear, and by the kernel where it holds them (MmaShard.plan's x_quant).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("d
 MODELS = {"70b": LLAMA70B, "8b": LLAMA8B}
 FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
-X_STATIC_SCALE = 0.02  # --x-quant-ab's fp8 static input scale (randn activations: codes up to about ±250)
+# --x-quant-ab: the activation modes each format pairs with, and their scales for randn activations (fp8 static:
+# codes up to about ±250; nvfp4: the global scale 1 / input_scale of an input_scale for |x| up to about 5).
+X_QUANT_MODES = {"FP8": ("fp8_static",), "MXFP8": ("mxfp8",), "MXFP4": ("mxfp8",), "NVFP4": ("mxfp8", "nvfp4")}
+X_QUANT_SCALES = {"fp8_static": 0.02, "mxfp8": 0.0, "nvfp4": 448 * 6 / 5.0}
 
 
 def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
@@ -117,8 +121,8 @@ def main() -> None:
     parser.add_argument(
         "--x-quant-ab",
         action="store_true",
-        help="FP8 at one-token tiles: fp8 static activations by the operand pass + the kernel, and quantized in the "
-        "kernel where it holds them (MmaShard.plan's x_quant_scale)",
+        help="one-token tiles: each quantized activation mode by the operand pass + the kernel, and quantized in the "
+        "kernel where it holds them (MmaShard.plan's x_quant)",
     )
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
@@ -168,10 +172,10 @@ def main() -> None:
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in shapes}
             xq = {k: torch.empty_like(x) for k, x in xs.items()}  # --x-quant-ab's operand pass writes these
 
-            def timed(configs, copies=layers, only=None, fp8_static=""):
-                """The layer's time under `configs` (one per linear), or linear `only`'s alone. `fp8_static`: "pass"
-                quantizes each linear's activations first (b12x_kernels.act_quant, as the fp8_static operand pass
-                does), "kernel" lets resident configurations quantize them where they are held (x_quant_scale)."""
+            def timed(configs, copies=layers, only=None, x_quant=("", "")):
+                """The layer's time under `configs` (one per linear), or linear `only`'s alone. `x_quant` (mode, how):
+                how "pass" quantizes each linear's activations first (b12x_kernels.act_quant, as the mode's operand
+                pass does), "kernel" lets resident configurations quantize them where they are held (x_quant)."""
                 wss = [
                     gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles)
                     for s, c in zip(one_layer, configs, strict=True)
@@ -180,14 +184,16 @@ def main() -> None:
                 def layer(i):
                     for li, (s, c, ws) in enumerate(zip(copies[i], configs, wss, strict=True)):
                         if only is None or li == only:
-                            x, x_quant_scale = xs[s.k], 0.0
-                            if fp8_static == "kernel" and c.resident:
-                                x_quant_scale = X_STATIC_SCALE
-                            elif fp8_static:
-                                act_quant.quantize_fp8(x, "fp8_static", xq[s.k], None, static_scale=X_STATIC_SCALE)
-                                x = xq[s.k]
+                            x, (mode, how), held = xs[s.k], x_quant, "none"
+                            scale = X_QUANT_SCALES.get(mode, 0.0)
+                            if how == "kernel" and c.resident:
+                                held = mode
+                            elif mode == "fp8_static":
+                                x = act_quant.quantize_fp8(x, mode, xq[s.k], None, static_scale=scale)
+                            elif mode:
+                                x = act_quant.quantize_activation(x, mode, xq[s.k], global_scale=scale or 1.0)
                             gemm.run(x, [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream,
-                                     x_quant_scale=x_quant_scale)  # fmt: skip
+                                     x_quant=held, x_quant_scale=scale if held != "none" else 0.0)  # fmt: skip
 
                 return time_graph(layer, len(layers), args.replays)
 
@@ -202,10 +208,8 @@ def main() -> None:
                     return False
                 return True
 
-            def per_linear(configs, fp8_static=""):
-                return {
-                    lname: timed(configs, only=li, fp8_static=fp8_static) for li, (lname, _, _) in enumerate(shapes)
-                }
+            def per_linear(configs, x_quant=("", "")):
+                return {lname: timed(configs, only=li, x_quant=x_quant) for li, (lname, _, _) in enumerate(shapes)}
 
             mt = geometry.token_tile(m)
             results = []
@@ -228,10 +232,13 @@ def main() -> None:
                     flipped = [dataclasses.replace(c, resident=not c.resident) for c in defaults]
                     flabel = "toggled " + " ".join(config_label(c) for c in flipped)
                     results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
-                if args.x_quant_ab and fmt == "FP8" and mt == 1 and rt == 1:  # the quantize pass against none
-                    for how in ("pass", "kernel"):
-                        results.append((timed(defaults, fp8_static=how), f"fp8 static by the {how} {label}",
-                                        per_linear(defaults, fp8_static=how) if args.per_linear else None))  # fmt: skip
+                if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
+                    for mode in X_QUANT_MODES.get(fmt, ()):
+                        for how in ("pass", "kernel"):
+                            linears = per_linear(defaults, (mode, how)) if args.per_linear else None
+                            results.append(
+                                (timed(defaults, x_quant=(mode, how)), f"{mode} by the {how} {label}", linears)
+                            )
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(

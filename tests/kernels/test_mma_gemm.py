@@ -34,11 +34,12 @@ def _case(rng, fmt, n, k):
     return torch.from_numpy(bf.dequantize(qw)).double(), shards
 
 
-def _run(x, shards, n, bias, config, x_quant_scale=0.0):
+def _run(x, shards, n, bias, config, x_quant="none", x_quant_scale=0.0):
     m = x.shape[0]
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     ws = gemm.MmaWorkspace.create(m, n, config.splits, config.mt, "cuda", row_tiles=config.tiles)
-    gemm.run(x, shards, y, bias, config, ws, torch.cuda.current_stream().cuda_stream, x_quant_scale=x_quant_scale)
+    stream = torch.cuda.current_stream().cuda_stream
+    gemm.run(x, shards, y, bias, config, ws, stream, x_quant=x_quant, x_quant_scale=x_quant_scale)
     assert int(ws.tickets.abs().sum()) == 0  # left ready for the next call
     return y
 
@@ -105,35 +106,65 @@ def test_resident_activations_sum_as_the_staged_ones(rng, fmt):
                 close(resident, ref, slack=rounding_slack(fmt, x, w64))
 
 
-def test_fp8_static_activations_quantized_where_held(rng):
-    """x_quant_scale (resident FP8; no plan passes it yet): the kernel quantizes the rows it holds to fp8 static
-    activations, the same bits as the operand pass (b12x_kernels.act_quant) followed by the resident kernel, and the
-    oracle's values: e4m3(x / scale) by ml_dtypes (saturated at ±448) times the weights. Values span subnormal codes
-    and saturation (the scale is half what the largest value needs); M below and at one tile, splits, heights 8 and 7,
-    bias."""
+def _held_values_oracle(x, mode, scale):
+    """The values an activation mode's operand pass writes (b12x_core.activations' rules: fp8 static codes,
+    mxfp8 e4m3 · 2^e a 32-group, nvfp4 e2m1 · sf a 16-group without its per-tensor factor), in float64 and
+    ml_dtypes roundings, independent of the kernels; x float32 [M, K], `scale` fp8 static's or nvfp4's global."""
     import ml_dtypes
 
+    m, k = x.shape
+    if mode == "fp8_static":
+        return np.clip(x / np.float32(scale), -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    group = 32 if mode == "mxfp8" else 16
+    g = np.pad(x, ((0, 0), (0, -k % group))).reshape(m, -1, group)
+    amax = np.abs(g).max(axis=2, keepdims=True)
+    if mode == "mxfp8":
+        _, e = np.frexp(np.where(amax > 0, amax, 1).astype(np.float64))
+        exponent = np.where(amax > 0, np.maximum(e - 1 - 8, -127), -127).astype(np.float64)
+        codes = np.clip(g.astype(np.float64) * 2.0**-exponent, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        values = codes.astype(np.float64) * 2.0**exponent
+    else:
+        gs = np.float32(scale)
+        sf = np.clip((amax / np.float32(6)).astype(np.float32) * gs, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        sf = sf.astype(np.float32)
+        inv = np.where(sf > 0, gs / np.where(sf > 0, sf, 1), np.float32(0)).astype(np.float32)
+        codes = np.clip(g * inv, -6, 6).astype(ml_dtypes.float4_e2m1fn)
+        values = codes.astype(np.float64) * sf.astype(np.float64)
+    return values.reshape(m, -1)[:, :k]
+
+
+@pytest.mark.parametrize(
+    "fmt,mode", [("FP8", "fp8_static"), ("MXFP8", "mxfp8"), ("MXFP4", "mxfp8"), ("NVFP4", "mxfp8"), ("NVFP4", "nvfp4")]
+)
+def test_activations_quantized_where_held(rng, fmt, mode):
+    """x_quant (resident configurations; no plan passes it yet): the kernel quantizes the rows it holds as the
+    activation mode, the same bits as the operand pass (b12x_kernels.act_quant) followed by the resident kernel,
+    and the oracle's values (_held_values_oracle) times the weights. Values span tiny, normal and saturating ones
+    (the scales are half what the largest value needs); M below and at one tile, splits, heights 8 and 7, bias."""
     from b12x_kernels import act_quant
 
-    fmt = "FP8"
     for n, k in _shapes(fmt):
         w64, shards = _case(rng, fmt, n, k)
         chunks = shards[0].chunks
         bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to("cuda", torch.bfloat16)
         for m in (1, 3, 8):
-            spread = rng.choice([1e-4, 1.0, 30.0], size=(m, k))  # subnormal codes, normals, saturation
+            spread = rng.choice([1e-4, 1.0, 30.0], size=(m, k))
             x = torch.from_numpy((rng.standard_normal((m, k)) * spread).astype(np.float32)).to("cuda", torch.bfloat16)
-            scale = float(np.float32(x.float().abs().max().item() / 448.0 * 0.5))
+            amax = x.float().abs().max().item()
             values = torch.empty_like(x)
-            act_quant.quantize_fp8(x, "fp8_static", values, None, static_scale=scale)
-            codes = np.clip(x.float().cpu().numpy() / np.float32(scale), -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn)
-            x_hat = torch.from_numpy(codes.astype(np.float64))
+            if mode == "fp8_static":
+                scale = float(np.float32(amax / 448 * 0.5))
+                act_quant.quantize_fp8(x, mode, values, None, static_scale=scale)
+            else:  # nvfp4: the global scale 1 / input_scale of an input_scale half what amax needs
+                scale = float(np.float32(1) / np.float32(amax / (448 * 6) * 0.5)) if mode == "nvfp4" else 0.0
+                act_quant.quantize_activation(x, mode, values, global_scale=scale if mode == "nvfp4" else 1.0)
+            x_hat = torch.from_numpy(_held_values_oracle(x.float().cpu().numpy(), mode, scale))
             assert torch.equal(values.double().cpu(), x_hat)  # the operand pass itself against the oracle
             ref = x_hat @ w64.T + bias.double().cpu()
             for splits in sorted({1, min(3, chunks), chunks}):
                 for tiles in (8, 7):
                     config = gemm.MmaConfig(1, splits, tiles=tiles, resident=True)
-                    fused = _run(x, shards, n, bias, config, x_quant_scale=scale)
+                    fused = _run(x, shards, n, bias, config, x_quant=mode, x_quant_scale=scale)
                     assert torch.equal(fused, _run(values, shards, n, bias, config)), (tiles, splits, m, n, k)
                 close(fused, ref, slack=rounding_slack(fmt, x_hat, w64))
 

@@ -207,9 +207,13 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
         (dict(resident=1, rt=2), {}, "resident activations need mt 1"),
         (dict(resident=1, N=32), dict(order=16, table=16, blocks=4), "resident activations run dense calls only"),
         (dict(resident=1, K=32768, chunks=1024), dict(M=8), "exceed 227 KB"),
-        (dict(x_quant_scale=1.0), {}, "x_quant_scale .* needs resident activations, FP8 weights"),
-        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant_scale=-1.0), {}, "positive finite scale"),
-        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant_scale=float("inf")), {}, "positive finite"),
+        (dict(x_quant=1, x_quant_scale=1.0), {}, "x_quant .* needs resident activations"),
+        (dict(resident=1, x_quant=3, x_quant_scale=1.0), {}, "does not quantize"),  # nvfp4 needs NVFP4 weights
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant=2), {}, "does not quantize"),
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant=9, x_quant_scale=1.0), {}, "does not quantize"),
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant=1, x_quant_scale=-1.0), {}, "positive and finite"),
+        (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant=1), {}, "positive and finite"),
+        (dict(format=format_id("NVFP4"), resident=1, x_quant=3, x_quant_scale=float("inf")), {}, "positive and finite"),
         (dict(N=40), dict(order=16, table=16, blocks=4), "N % 16"),
         ("short", {}, "interface.h differ"),
     ],
@@ -224,7 +228,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=4, codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0, alpha=1.0,
                   scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0,
-                  pdl=0, resident=0, x_quant_scale=0.0)  # fmt: skip
+                  pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):

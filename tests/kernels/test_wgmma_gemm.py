@@ -69,7 +69,7 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(mt=2), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
         (dict(resident=1), {}, "resident activations are mma_gemm's"),
-        (dict(x_quant_scale=1.0), {}, "quantized in the kernel are mma_gemm's"),
+        (dict(x_quant=1, x_quant_scale=1.0), {}, "quantized in the kernel are mma_gemm's"),
         ("short", {}, "interface.h differ"),
     ],
 )
@@ -83,7 +83,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
                   alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0,
-                  top_k=0, pdl=0, resident=0, x_quant_scale=0.0)  # fmt: skip
+                  top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, staged=fake, stream=0)
     with pytest.raises(ValueError, match=why):

@@ -27,6 +27,14 @@ enum MmaOut : int {
   MMA_OUT_F32 = 3,
 };
 
+// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaPlan::x_quant).
+enum MmaXQuant : int {
+  MMA_XQ_NONE = 0,
+  MMA_XQ_FP8_STATIC = 1,
+  MMA_XQ_MXFP8 = 2,
+  MMA_XQ_NVFP4 = 3,
+};
+
 // gemv_ggml: y[m, n] = sum_k x[m, k] · W[n, k] (+ bias[n]) over raw GGML blocks, one warp per row.
 struct GemvGgmlPlan {
   int format;                     // FMT_Q8_0, FMT_IQ2_XXS or FMT_IQ2_XS
@@ -77,7 +85,8 @@ struct MmaPlan {
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
   int resident;                   // mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole
-  float x_quant_scale;            // mma_gemm, resident FP8: > 0 holds the values of e4m3(x / it) (fp8 static); 0: x
+  int x_quant;                    // mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x
+  float x_quant_scale;            // x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)
 };
 static_assert(sizeof(MmaPlan) == 120, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 

@@ -55,10 +55,15 @@ const char* mma_plan_error(const MmaPlan& p) {
     return "mma_gemm: tiles must be 8, or 6 or 7 at mt 1 and rt 1";
   if (p.resident != 0 && !(p.resident == 1 && p.mt == 1 && p.rt == 1))
     return "mma_gemm: resident activations need mt 1 and rt 1";
-  if (p.x_quant_scale != 0.f && !(p.resident == 1 && p.format == FMT_FP8 && p.x_quant_scale > 0.f &&
-                                  p.x_quant_scale <= 3.402823466e38f))
-    return "mma_gemm: x_quant_scale (fp8 static activations quantized in the kernel) needs resident activations, "
-           "FP8 weights and a positive finite scale";
+  if (p.x_quant != MMA_XQ_NONE) {  // activations quantized where the resident kernel holds them
+    if (p.resident != 1)
+      return "mma_gemm: x_quant (activations quantized in the kernel) needs resident activations";
+    if (!with_format(p.format, false, [&](auto f) { return x_quantizes<decltype(f)>(p.x_quant); }))
+      return "mma_gemm: x_quant names an activation mode this format's kernel does not quantize (fp8 static: FP8; "
+             "mxfp8: MXFP8, MXFP4, NVFP4; nvfp4: NVFP4)";
+    if (p.x_quant != MMA_XQ_MXFP8 && !(p.x_quant_scale > 0.f && p.x_quant_scale <= 3.402823466e38f))
+      return "mma_gemm: x_quant's scale (fp8 static's divisor, nvfp4's global scale) must be positive and finite";
+  }
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";

@@ -127,21 +127,64 @@ __device__ __forceinline__ uint32_t e4m3_pair_lo(uint32_t w) {
 __device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
   return ((w >> 4) & 0x07F007F0u) | (w & 0x80008000u);
 }
-// fp8 static activations quantized where they are held (MmaPlan::x_quant_scale): 8 bf16 values -> the bf16 values of
-// e4m3(x / scale), the division correctly rounded, then rounded to nearest even and saturated at ±448: the rule of
-// b12x_kernels.act_quant (fp8_static), whose separate pass this replaces. E4M3 values are exact in bf16.
-__device__ __forceinline__ uint4 e4m3_values8(uint4 v, float scale) {
-  uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    const float2 q = make_float2(__fdiv_rn(f.x, scale), __fdiv_rn(f.y, scale));
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    w[i] = *reinterpret_cast<const uint32_t*>(&b);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+// Activations quantized where the resident kernel holds them (MmaPlan::x_quant, MmaXQuant), by the rules of
+// b12x_kernels.act_quant, whose separate pass (a launch before the GEMM) this replaces: the same float32 operations
+// in the same order, each correctly rounded (no contraction: __fmul_rn / __fdiv_rn), so the same bf16 values.
+__device__ __forceinline__ float round_e4m3(float v) {  // nearest E4M3, ties to even, saturating at ±448
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
+__device__ __forceinline__ float round_e2m1(float v) {  // nearest of {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to the even code
+  const float a = fabsf(v);
+  float r = a <= 0.25f ? 0.f : 0.5f;
+  r = a >= 0.75f ? 1.f : r;
+  r = a > 1.25f ? 1.5f : r;
+  r = a >= 1.75f ? 2.f : r;
+  r = a > 2.5f ? 3.f : r;
+  r = a >= 3.5f ? 4.f : r;
+  r = a > 5.f ? 6.f : r;
+  return v < 0.f ? -r : r;
+}
+// G 16-byte pieces of one row (8·G consecutive values from a scale group's start: mxfp8 groups are 4 pieces, nvfp4's
+// 2, fp8 static has none) quantized in place. `scale`: fp8 static's divisor, nvfp4's global scale (1 / input_scale).
+template <int XQ, int G>
+__device__ __forceinline__ void quantize_pieces(uint4 (&v)[G], float scale) {
+  static_assert(XQ == MMA_XQ_FP8_STATIC || (XQ == MMA_XQ_MXFP8 && G == 4) || (XQ == MMA_XQ_NVFP4 && G == 2));
+  float f[8 * G];
+#pragma unroll
+  for (int i = 0; i < 4 * G; ++i) {
+    const uint32_t w = reinterpret_cast<const uint32_t*>(&v[i / 4])[i % 4];
+    const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+    f[2 * i] = pair.x;
+    f[2 * i + 1] = pair.y;
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8 * G; ++e) amax = fmaxf(amax, fabsf(f[e]));
+  if constexpr (XQ == MMA_XQ_FP8_STATIC) {  // e4m3(x / scale)
+#pragma unroll
+    for (int e = 0; e < 8 * G; ++e) f[e] = round_e4m3(__fdiv_rn(f[e], scale));
+  } else if constexpr (XQ == MMA_XQ_MXFP8) {  // s = 2^(floor(log2 amax) - 8), e4m3(x / s) · s
+    const int biased = int((__float_as_uint(amax) >> 23) & 255u);
+    const int exponent = amax > 0.f ? max(biased - 127 - 8, -127) : -127;
+    const float s = exponent >= -126 ? __uint_as_float(uint32_t(exponent + 127) << 23) : 5.877471754111438e-39f;
+    const float inv = __uint_as_float(uint32_t(127 - exponent) << 23);
+#pragma unroll
+    for (int e = 0; e < 8 * G; ++e) f[e] = __fmul_rn(round_e4m3(__fmul_rn(f[e], inv)), s);
+  } else {  // nvfp4 without its per-tensor factor: sf = e4m3(amax / 6 · g), e2m1(x · g / sf) · sf
+    const float sf = round_e4m3(__fmul_rn(__fdiv_rn(amax, 6.f), scale));
+    const float out = sf > 0.f ? __fdiv_rn(scale, sf) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8 * G; ++e) f[e] = __fmul_rn(round_e2m1(__fmul_rn(f[e], out)), sf);
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * G; ++i) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    reinterpret_cast<uint32_t*>(&v[i / 4])[i % 4] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+// 16-byte pieces a quantization group spans (the unit a thread loads, quantizes and stores).
+__host__ __device__ constexpr int xq_pieces(int xq) { return xq == MMA_XQ_MXFP8 ? 4 : xq == MMA_XQ_NVFP4 ? 2 : 1; }
 // ---------------------------------------------------------------------------------------------- formats
 // Each format says: E (elements of one row per lane per chunk), KB (K per chunk), META / META2 (scale bytes per
 // row and chunk in `meta` / `meta2`), how a lane builds its per-chunk scale state S for one row from those bytes,
@@ -400,6 +443,17 @@ __host__ __device__ constexpr int resident_smem_bytes(int M, int chunks_per_spli
   return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + tiles * kStages * slot_bytes<F>();
 }
 
+// The activation modes a format's resident kernel quantizes its held rows to (MmaPlan::x_quant): those its plans pair
+// it with (fp8 static: FP8; mxfp8: MXFP8, MXFP4, NVFP4; nvfp4: NVFP4). Each is a kernel instance of its own.
+template <class F>
+constexpr bool x_quantizes(int xq) {
+  if (xq == MMA_XQ_FP8_STATIC) return std::is_same_v<F, FmtFP8>;
+  if (xq == MMA_XQ_MXFP8)
+    return std::is_same_v<F, FmtMXFP8> || std::is_same_v<F, FmtFP4<true>> || std::is_same_v<F, FmtFP4<false>>;
+  if (xq == MMA_XQ_NVFP4) return std::is_same_v<F, FmtFP4<true>>;
+  return xq == MMA_XQ_NONE;
+}
+
 // ---------------------------------------------------------------------------------------------- shared pieces
 // What the tensor-core kernels share (this file's mma.sync kernel and wgmma_gemm.cu's warpgroup kernel): the token
 // tile's rows, the per-warp weight copies, and the epilogue with its split-K reduction. Both kernels hold their
@@ -608,8 +662,8 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
 // A CTA covers TILES row tiles of 16 weight rows (128 rows) and one token tile; RT row tiles per warp (TILES/RT
 // warps) let each B operand loaded from shared memory feed RT tiles' MMAs. Grouped (p.order set): the token tile is one
 // block of the expert-sorted block table and the weight rows are its expert's (kernels.h MmaArgs).
-// XQ (resident FP8 only): the held rows are fp8 static activations quantized as they are loaded (e4m3_values8).
-template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, bool XQ = false>
+// XQ (resident only; MmaXQuant): the held rows are quantized as they are loaded (quantize_pieces).
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, int XQ = MMA_XQ_NONE>
 __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) mma_gemm_kernel(const MmaParams p) {
   extern __shared__ __align__(16) uint32_t smem[];
   constexpr int WARPS = TILES / RT, THREADS = 32 * WARPS;
@@ -618,7 +672,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   constexpr int SLOT = slot_bytes<F>();
   static_assert(XC >= kStages - 1, "an activation stage must be complete when its first chunk is");
   static_assert(!RX || (MT == 1 && RT == 1), "resident activations: one-token tiles of one row tile a warp");
-  static_assert(!XQ || RX, "activations are quantized where they are held");
+  static_assert(XQ == MMA_XQ_NONE || RX, "activations are quantized where they are held");
   static_assert(F::KB / 64 % (x_swizzle_mask<F>() + 1) == 0, "the swizzle bits repeat every chunk");
   uint32_t* tab = smem;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + table_words<F>());
@@ -661,15 +715,32 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   // the whole split (chunk-relative swizzle, see resident_row_elems).
   auto load_rows = [&](__nv_bfloat16* dst, int row_stride, int rows, int pieces, int c0) {
     const int k_end = min(p.K, c_end * F::KB);
-    for (int i = threadIdx.x; i < rows * pieces; i += THREADS) {
-      const int r = i / pieces, pc = i % pieces;
-      const int m = src_row[r], k = c0 * F::KB + pc * 8;
-      const bool ok = m >= 0 && k < k_end;
-      const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
-      if constexpr (XQ) {  // read, quantized and stored here: the barrier before the first chunk publishes them
-        const uint4 v = ok ? *reinterpret_cast<const uint4*>(p.x + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(dst + r * row_stride + phys * 8) = e4m3_values8(v, p.x_quant_scale);
-      } else {
+    if constexpr (XQ != MMA_XQ_NONE) {  // a thread a scale group: read, quantized, stored (the first barrier publishes)
+      constexpr int G = xq_pieces(XQ);
+      static_assert(F::KB % (8 * G) == 0, "chunks (and so splits) start on a scale group");
+      const int units = pieces / G;
+      for (int i = threadIdx.x; i < rows * units; i += THREADS) {
+        const int r = i / units, pc0 = i % units * G, m = src_row[r];
+        uint4 v[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {  // zero past M, K and the split, as the operand pass pads a last group
+          const int k = c0 * F::KB + (pc0 + g) * 8;
+          const bool ok = m >= 0 && k < k_end;
+          v[g] = ok ? *reinterpret_cast<const uint4*>(p.x + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        quantize_pieces<XQ, G>(v, p.x_quant_scale);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const int pc = pc0 + g, phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
+          *reinterpret_cast<uint4*>(dst + r * row_stride + phys * 8) = v[g];
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < rows * pieces; i += THREADS) {
+        const int r = i / pieces, pc = i % pieces;
+        const int m = src_row[r], k = c0 * F::KB + pc * 8;
+        const bool ok = m >= 0 && k < k_end;
+        const int phys = pc ^ ((pc >> 3) & x_swizzle_mask<F>());
         cp_async16(dst + r * row_stride + phys * 8, ok ? p.x + size_t(m) * p.K + k : p.x, ok ? 16 : 0);
       }
     }
@@ -794,7 +865,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 }
 
-template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, bool XQ = false>
+template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, int XQ = MMA_XQ_NONE>
 cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t stream) {
   static_assert(smem_bytes<F, MT, TILES>() <= 227 * 1024, "shared memory of one CTA");
   const int bytes = RX ? resident_smem_bytes<F>(p.M, p.chunks_per_split, TILES) : smem_bytes<F, MT, TILES>();
@@ -834,10 +905,23 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
     if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here; dense only)
       if (p.resident && p.order) return cudaErrorNotSupported;
-      if constexpr (std::is_same_v<F, FmtFP8>) {  // fp8 static activations quantized where held (mma_plan_error)
-        if (p.resident && p.x_quant_scale != 0.f) return launch<F, 1, 1, tl_, true, true>(p, mtiles, nblocks, stream);
+      if (p.resident) {  // the activation modes this format's plans pair it with, quantized where held (x_quantizes)
+        auto held = [&](auto XQ) {
+          return launch<F, 1, 1, tl_, true, decltype(XQ)::value>(p, mtiles, nblocks, stream);
+        };
+        using std::integral_constant;
+        if constexpr (x_quantizes<F>(MMA_XQ_FP8_STATIC)) {
+          if (p.x_quant == MMA_XQ_FP8_STATIC) return held(integral_constant<int, MMA_XQ_FP8_STATIC>{});
+        }
+        if constexpr (x_quantizes<F>(MMA_XQ_MXFP8)) {
+          if (p.x_quant == MMA_XQ_MXFP8) return held(integral_constant<int, MMA_XQ_MXFP8>{});
+        }
+        if constexpr (x_quantizes<F>(MMA_XQ_NVFP4)) {
+          if (p.x_quant == MMA_XQ_NVFP4) return held(integral_constant<int, MMA_XQ_NVFP4>{});
+        }
+        if (p.x_quant != MMA_XQ_NONE) return cudaErrorInvalidValue;  // mma_plan_error refuses it first
+        return held(integral_constant<int, MMA_XQ_NONE>{});
       }
-      if (p.resident) return launch<F, 1, 1, tl_, true>(p, mtiles, nblocks, stream);
     }
     return launch<F, mt_, rt_, tl_>(p, mtiles, nblocks, stream);
   });

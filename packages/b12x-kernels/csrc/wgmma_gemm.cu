@@ -413,7 +413,7 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   const int ck = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
   if (!ck) return "wgmma_gemm: format must be FP8, FP8_BLOCK, MXFP8, NVFP4, MXFP4, Q8_0, IQ2_XS or IQ2_XXS";
   if (p.resident) return "wgmma_gemm: resident activations are mma_gemm's (one-token tiles)";
-  if (p.x_quant_scale != 0.f) return "wgmma_gemm: activations quantized in the kernel are mma_gemm's (resident)";
+  if (p.x_quant) return "wgmma_gemm: activations quantized in the kernel are mma_gemm's (resident)";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
   if (p.rt != 1 && p.rt != 2)

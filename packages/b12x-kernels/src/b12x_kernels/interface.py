@@ -54,6 +54,9 @@ def chunk_k(fmt: str) -> int:
 
 
 EPILOGUES = ("bf16", "silu", "relu2", "f32")  # MmaOut numbers, in order (csrc/kernels.h says what each does)
+# MmaXQuant numbers, in order: the activation modes the resident mma_gemm kernel quantizes where it holds the rows
+# (b12x_kernels.act_quant's rules; "none": x as given).
+X_QUANTS = ("none", "fp8_static", "mxfp8", "nvfp4")
 
 
 # --------------------------------------------------------------------------------------------- argument blocks
@@ -122,7 +125,8 @@ MmaPlan = _block(
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
         ("resident", "int", "mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole"),
-        ("x_quant_scale", "float", "mma_gemm, resident FP8: > 0 holds the values of e4m3(x / it) (fp8 static); 0: x"),
+        ("x_quant", "int", "mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x"),
+        ("x_quant_scale", "float", "x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)"),
     ],
 )
 
@@ -148,6 +152,10 @@ def header() -> str:
         lines.append(f"constexpr int MMA_CHUNK_K_{fmt} = {chunk_k(fmt)};")
     lines += ["", "// What the tensor-core GEMM's result becomes (MmaPlan::epilogue).", "enum MmaOut : int {"]
     lines += [f"  MMA_OUT_{name.upper()} = {i}," for i, name in enumerate(EPILOGUES)]
+    lines += ["};", ""]
+    lines += ["// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaPlan::x_quant).",
+              "enum MmaXQuant : int {"]  # fmt: skip
+    lines += [f"  MMA_XQ_{name.upper()} = {i}," for i, name in enumerate(X_QUANTS)]
     lines += ["};", ""]
     for block in BLOCKS:
         lines.append(f"// {block.__doc__}")

@@ -44,14 +44,16 @@ class MmaShard:
     plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
 
     def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
-             top_k: int = 0, x_quant_scale: float = 0.0) -> bytes:  # fmt: skip
+             top_k: int = 0, x_quant: str = "none", x_quant_scale: float = 0.0) -> bytes:  # fmt: skip
         """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaPlan): packed on
         first use, then reused, so a call passes only its activations, output, token count and workspace.
-        `row_scale`: float32 per-row factors, by default the shard's own. `x_quant_scale` > 0 (resident FP8 only):
-        the kernel takes x as fp8 static activations and multiplies the values of e4m3(x / x_quant_scale), which
-        the operand pass (b12x_kernels.act_quant) would otherwise write first; their factor stays the caller's."""
+        `row_scale`: float32 per-row factors, by default the shard's own. `x_quant` (resident configurations only;
+        b12x_kernels.interface.X_QUANTS: "fp8_static" for FP8, "mxfp8" for MXFP8 / MXFP4 / NVFP4, "nvfp4" for
+        NVFP4): the kernel quantizes x as that activation mode where it holds it, the values the operand pass
+        (b12x_kernels.act_quant) would otherwise write first; `x_quant_scale` is fp8 static's scale or nvfp4's
+        global scale (float32 1 / input_scale). Per-tensor factors stay the caller's, as with the operand pass."""
         row_scale = self.row_scale if row_scale is None else row_scale
-        key = (config, ldy, epilogue, device_ptr(row_scale), top_k, x_quant_scale)
+        key = (config, ldy, epilogue, device_ptr(row_scale), top_k, x_quant, x_quant_scale)
         if key not in self.plans:
             from b12x_kernels import interface
 
@@ -62,7 +64,7 @@ class MmaShard:
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
                 tiles=config.tiles, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
-                resident=int(config.resident), x_quant_scale=x_quant_scale,
+                resident=int(config.resident), x_quant=interface.X_QUANTS.index(x_quant), x_quant_scale=x_quant_scale,
             )  # fmt: skip
         return self.plans[key]
 
@@ -293,11 +295,12 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
 
 
 def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
-        workspace: MmaWorkspace | None, stream: int, x_quant_scale: float = 0.0) -> None:  # fmt: skip
+        workspace: MmaWorkspace | None, stream: int, x_quant: str = "none",
+        x_quant_scale: float = 0.0) -> None:  # fmt: skip
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N].
-    `x_quant_scale` > 0: x2 quantized to fp8 static activations inside the kernel (MmaShard.plan; resident FP8
-    configurations only, the extension refuses others). No plan passes it yet: it has not run on a GPU."""
+    `x_quant`: x2 quantized as that activation mode inside the kernel (MmaShard.plan; resident configurations of the
+    formats that pair with it, the extension refuses others). No plan passes it yet: it has not run on a GPU."""
     m = x2.shape[0]
     for s in shards:
-        launch(s.plan(config, y.shape[1], x_quant_scale=x_quant_scale), x2, y[:, s.row :], m, workspace, stream,
-               None if bias is None else bias[s.row :])  # fmt: skip
+        plan = s.plan(config, y.shape[1], x_quant=x_quant, x_quant_scale=x_quant_scale)
+        launch(plan, x2, y[:, s.row :], m, workspace, stream, None if bias is None else bias[s.row :])
