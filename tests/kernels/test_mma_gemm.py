@@ -134,7 +134,7 @@ def _held_values_oracle(x, mode, scale):
 
 
 @pytest.mark.parametrize(
-    "fmt,mode", [("FP8", "fp8_static"), ("MXFP8", "mxfp8"), ("MXFP4", "mxfp8"), ("NVFP4", "mxfp8"), ("NVFP4", "nvfp4")]
+    "fmt,mode", sorted((fmt, mode) for mode, formats in gemm.X_QUANT_FORMATS.items() for fmt in formats)
 )
 def test_activations_quantized_where_held(rng, fmt, mode):
     """x_quant (resident configurations; no plan passes it yet): the kernel quantizes the rows it holds as the

@@ -235,6 +235,29 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
         b12x_kernels.mma_gemm(packed, **{**args, **call})
 
 
+def test_kernel_entry_quantizes_held_activations_only_for_the_pairs_it_has():
+    """x_quant: every weight format × activation mode outside gemm.X_QUANT_FORMATS is refused before any CUDA
+    call (the pairs inside it are the GPU test's, test_mma_gemm.py)."""
+    import b12x_kernels
+    from b12x_core.tensor_core import gemm, geometry
+    from b12x_kernels import interface
+
+    if b12x_kernels._C is None:
+        pytest.skip(b12x_kernels.unavailable_reason())
+    fake = 16
+    for fmt in mma_layout.FORMATS:
+        for mode in interface.X_QUANTS[1:]:
+            if format_id(fmt) in {format_id(f) for f in gemm.X_QUANT_FORMATS[mode]}:
+                continue  # the kernel goes by the format's number: W4A16_NVFP4 runs NVFP4's
+            fields = dict(format=format_id(fmt), codes=fake, meta=fake, meta2=fake, block_scale=fake, tables=fake,
+                          row_scale=0, alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=256, chunks=256 // geometry.chunk_k(fmt),
+                          mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0, pdl=0, resident=1,
+                          x_quant=interface.X_QUANTS.index(mode), x_quant_scale=1.0)  # fmt: skip
+            args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
+            with pytest.raises(ValueError, match="does not quantize"):
+                b12x_kernels.mma_gemm(interface.pack(interface.MmaPlan, **fields), **args)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 

@@ -63,6 +63,17 @@ def bf16_specs(act_mode: str, m: int, k: int) -> list:
     return [((m, k), torch.bfloat16)]
 
 
+def in_kernel_scale(act_mode: str, input_scale: float | None) -> float:
+    """The scale a kernel that quantizes the activations itself takes for `act_mode` (b12x_kernels.interface
+    MmaPlan.x_quant_scale): the one bf16_operands hands act_quant, fp8 static's input_scale or nvfp4's global
+    scale 1 / input_scale, both float32 as there; 0 for the modes that need none."""
+    if act_mode == "fp8_static":
+        return _static_scale(act_mode, input_scale)
+    if act_mode == "nvfp4":
+        return float(np.float32(1.0) / np.float32(input_scale))
+    return 0.0
+
+
 def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, buffers=None):
     """-> (bf16 values [m, k], float32 activation scales [m, 1] / [m, ⌈k/128⌉] or None). `buffers`: carved
     bf16_specs (carved here when None)."""
@@ -75,7 +86,7 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
     values = buffers[0]
     if act_mode in FP8_MODES:
         scale = None if act_mode == "fp8_static" else buffers[1]
-        act_quant.quantize_fp8(x2, act_mode, values, scale, _static_scale(act_mode, input_scale))
+        act_quant.quantize_fp8(x2, act_mode, values, scale, in_kernel_scale(act_mode, input_scale) or 1.0)
         return values, scale
-    global_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+    global_scale = in_kernel_scale(act_mode, input_scale) or 1.0
     return act_quant.quantize_activation(x2, act_mode, values, global_scale), None

@@ -21,6 +21,10 @@ from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
 MODES = operands.BF16_EXACT_MODES
+# Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
+# instead of a separate operand pass. Empty until that kernel has run and been measured on a GPU (docs/performance.md,
+# eighteenth session): then the modes measured faster go here and the tables are re-measured.
+IN_KERNEL_QUANT: frozenset[str] = frozenset()
 
 
 class TensorCoreGemm(Backend):
@@ -80,16 +84,23 @@ class TensorCoreGemm(Backend):
     def run(self, x2, bias, *, config):
         q = self.query
         m = x2.shape[0]
-        operand_specs = operands.bf16_specs(q.act_mode, m, q.k)
+        mc = gemm.MmaConfig.of_plan_row(config)
+        in_kernel = mc.resident and q.act_mode in IN_KERNEL_QUANT and q.format in gemm.X_QUANT_FORMATS[q.act_mode]
+        operand_specs = [] if in_kernel else operands.bf16_specs(q.act_mode, m, q.k)
         carved = workspace.carve(x2.device, operand_specs + self._partials(m, config))
         values = carved[: len(operand_specs)]
-        xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale, values or None)
+        if in_kernel:
+            xv = x2
+        else:
+            xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale, values or None)
         y = torch.empty(m, q.n, dtype=torch.bfloat16, device=x2.device)
         if bias is not None and bias.dtype != torch.bfloat16:
             bias = bias.to(torch.bfloat16)
         tickets = workspace.tickets(x2.device, self.tickets_needed)
         partials = carved[-1] if config["splits"] > 1 else tickets.view(torch.float32)  # unread without splits
         ws = gemm.MmaWorkspace(partials, tickets)
-        mc = gemm.MmaConfig.of_plan_row(config)
-        gemm.run(xv.contiguous(), self.shards, y, bias, mc, ws, torch.cuda.current_stream(x2.device).cuda_stream)
+        x_quant = q.act_mode if in_kernel else "none"
+        scale = operands.in_kernel_scale(x_quant, self.weights.input_scale)
+        stream = torch.cuda.current_stream(x2.device).cuda_stream
+        gemm.run(xv.contiguous(), self.shards, y, bias, mc, ws, stream, x_quant=x_quant, x_quant_scale=scale)
         return y

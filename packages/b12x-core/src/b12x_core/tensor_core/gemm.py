@@ -294,6 +294,12 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
     )  # fmt: skip
 
 
+# The activation modes the resident kernel quantizes where it holds the rows (x_quant), and the weight formats whose
+# kernels do (csrc/mma_gemm.cuh x_quantizes: the pairs the plans make); the extension refuses the others.
+X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
+                   "nvfp4": frozenset({"NVFP4"})}  # fmt: skip
+
+
 def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
         workspace: MmaWorkspace | None, stream: int, x_quant: str = "none",
         x_quant_scale: float = 0.0) -> None:  # fmt: skip
