@@ -25,11 +25,21 @@ workers=()
 if python3 -c "import xdist" 2>/dev/null; then
   workers=(-n "${B12X_GPU_WORKERS:-12}")  # tests, not files, go to workers: four files hold 90% of them
 fi
-# Test paths among the arguments replace the default set (tests/kernels tests/core); tests/conftest.py starts the
+# Test paths among the arguments (not an option's value: --deselect tests/x.py::t stays an option) replace the
+# default set (tests/kernels tests/core); tests/conftest.py starts the
 # longest files first.
 options=() paths=()
+takes_value=""
 for arg in "$@"; do
-  if [[ "$arg" == tests/* ]]; then paths+=("$arg"); else options+=("$arg"); fi
+  if [ -n "$takes_value" ]; then  # the value of the option before it (--deselect tests/x.py::t stays an option)
+    options+=("$arg")
+    takes_value=""
+  elif [[ "$arg" == tests/* ]]; then
+    paths+=("$arg")
+  else
+    options+=("$arg")
+    case "$arg" in --deselect|--ignore|--ignore-glob|-k|-m|-n|-p|--timeout) takes_value=1 ;; esac
+  fi
 done
 [ ${#paths[@]} -gt 0 ] || paths=(tests/kernels tests/core)
 python3 -m pytest -m "$marker" -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} "${paths[@]}" ${options[@]+"${options[@]}"}
