@@ -427,8 +427,8 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
 // Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
 // tile's live rows (at most 8, dense) over the whole K range of its split, loaded once with the first weights, so the
 // main loop has no CTA barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's
-// hottest stall). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk keep the
-// swizzle bits), padded by E/2 elements like a stage row.
+// hottest stall). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
+// keep the swizzle bits), padded by E/2 elements like a stage row.
 template <class F>
 __host__ __device__ constexpr int resident_row_elems(int chunks_per_split) {
   return chunks_per_split * F::KB + F::E / 2;
