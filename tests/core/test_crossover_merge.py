@@ -31,3 +31,20 @@ def test_a_partial_re_measure_keeps_the_other_token_counts(tmp_path):
     assert got.time("tensor_core", 32) == (20.0, "interpolated")
     assert [p.name for p in tmp_path.iterdir()] == ["crossover.json"]  # written through a temporary, then renamed
     json.loads(path.read_text())
+
+
+def test_merged_sources_name_each_run_once_with_the_token_counts_it_measured():
+    """An entry's source after merges: one run's text when one run measured every token count; otherwise each run
+    once, with its token counts, however many merges came before (the nested form earlier merges wrote included)."""
+    a = entry([1, 16, 4096], {"tensor_core": [10.0, 20.0, 900.0]}, "run A")
+    same = crossover.merge_entry(a, entry([16], {"tensor_core": [21.0]}, "run A"))
+    assert same.source == "run A"
+    b = crossover.merge_entry(a, entry([16, 64], {"tensor_core": [15.0, 30.0]}, "run B"))
+    c = crossover.merge_entry(b, entry([1, 64], {"tensor_core": [9.0, 29.0]}, "run C"))
+    assert crossover.token_sources(c) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
+    assert c.source == "tokens 1, 64: run C; tokens 16: run B; tokens 4096: run A"
+    nested = entry([1, 16, 64, 4096], {"tensor_core": [1.0, 2.0, 3.0, 4.0]},
+                   "run C; tokens 16, 4096: run B; tokens 4096: run A")  # fmt: skip
+    assert crossover.token_sources(nested) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
+    again = crossover.merge_entry(nested, entry([4096], {"tensor_core": [5.0]}, "run C"))
+    assert again.source == "tokens 1, 64, 4096: run C; tokens 16: run B"

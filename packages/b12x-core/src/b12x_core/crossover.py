@@ -163,6 +163,43 @@ def merge_entry(old: Entry, new: Entry) -> Entry:
         times = tuple(t if (t := at(new, name, m)) is not None else at(old, name, m) for m in ms)
         if any(t is not None for t in times):
             us[name] = times
-    kept = [m for m in old.ms if m not in new.ms]
-    source = new.source if not kept else f"{new.source}; tokens {', '.join(map(str, kept))}: {old.source}"
+    kept = {m: src for m, src in token_sources(old).items() if m not in new.ms}
+    source = grouped_source({**{m: new.source for m in new.ms}, **kept})
     return Entry(new.capability, new.format, new.act_mode, new.shape, ms, us, source, new.op)
+
+
+def token_sources(entry: Entry) -> dict[int, str]:
+    """Which run measured each token count of an entry, read from its source text: one run for all, the grouped
+    form grouped_source writes ("tokens 1, 2: run B; tokens 16: run A"), or the nested form earlier merges wrote
+    ("run C; tokens 16, 64: run B; tokens 64: run A", each list narrowing the one before it)."""
+    segments = entry.source.split("; tokens ")
+    grouped = entry.source.startswith("tokens ")
+    if grouped:
+        segments[0] = segments[0].removeprefix("tokens ")
+    lists = []
+    for segment in segments[0 if grouped else 1 :]:
+        tokens, sep, src = segment.partition(": ")
+        if not sep or not all(t.isdigit() for t in tokens.split(", ")):
+            return dict.fromkeys(entry.ms, entry.source)  # not a form written here: one source, as it reads
+        lists.append(({int(t) for t in tokens.split(", ")}, src))
+    if grouped:
+        return {m: next((src for tokens, src in lists if m in tokens), entry.source) for m in entry.ms}
+    out = {}
+    for m in entry.ms:
+        out[m] = segments[0]
+        for tokens, src in lists:
+            if m not in tokens:
+                break
+            out[m] = src
+    return out
+
+
+def grouped_source(sources: dict[int, str]) -> str:
+    """An entry's source text from the run that measured each token count: that run's when one run measured all,
+    else each run once with its token counts ("tokens 1, 2, 4: run B; tokens 512: run A")."""
+    runs: dict[str, list[int]] = {}
+    for m in sorted(sources):
+        runs.setdefault(sources[m], []).append(m)
+    if len(runs) == 1:
+        return next(iter(runs))
+    return "; ".join(f"tokens {', '.join(map(str, ms))}: {src}" for src, ms in runs.items())
