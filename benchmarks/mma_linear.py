@@ -40,20 +40,20 @@ from decode_linear import copies_for, copy_bandwidth, time_graph
 
 import b12x_formats as bf
 from b12x_core import pdl
+from b12x_core.backends import operands
 from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
-from b12x_kernels import act_quant
 
 LLAMA70B = [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)]
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 MODELS = {"70b": LLAMA70B, "8b": LLAMA8B}
 FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
-# --x-quant-ab: the activation modes each format pairs with, and their scales for randn activations (fp8 static:
-# codes up to about ±250; nvfp4: the global scale 1 / input_scale of an input_scale for |x| up to about 5).
-X_QUANT_MODES = {"FP8": ("fp8_static",), "MXFP8": ("mxfp8",), "MXFP4": ("mxfp8",), "NVFP4": ("mxfp8", "nvfp4")}
-X_QUANT_SCALES = {"fp8_static": 0.02, "mxfp8": 0.0, "nvfp4": 448 * 6 / 5.0}
+# --x-quant-ab: the checkpoint input_scale of each quantized activation mode, for randn activations (fp8 static:
+# codes up to about ±250; nvfp4: an input_scale for |x| up to about 5). The modes a format pairs with are
+# gemm.X_QUANT_FORMATS'.
+X_QUANT_INPUT_SCALES = {"fp8_static": 0.02, "mxfp8": None, "nvfp4": 5.0 / (448 * 6)}
 
 
 def random_shard(fmt: str, n: int, k: int) -> gemm.MmaShard:
@@ -185,15 +185,14 @@ def main() -> None:
                     for li, (s, c, ws) in enumerate(zip(copies[i], configs, wss, strict=True)):
                         if only is None or li == only:
                             x, (mode, how), held = xs[s.k], x_quant, "none"
-                            scale = X_QUANT_SCALES.get(mode, 0.0)
+                            input_scale = X_QUANT_INPUT_SCALES.get(mode)
                             if how == "kernel" and c.resident:
                                 held = mode
-                            elif mode == "fp8_static":
-                                x = act_quant.quantize_fp8(x, mode, xq[s.k], None, static_scale=scale)
-                            elif mode:
-                                x = act_quant.quantize_activation(x, mode, xq[s.k], global_scale=scale or 1.0)
+                            elif mode:  # what TensorCoreGemm.run does before the kernel
+                                x, _ = operands.bf16_operands(x, mode, input_scale, [xq[s.k], None])
+                            scale = operands.in_kernel_scale(held, input_scale)
                             gemm.run(x, [s], ys[s.n], None, c, ws, torch.cuda.current_stream().cuda_stream,
-                                     x_quant=held, x_quant_scale=scale if held != "none" else 0.0)  # fmt: skip
+                                     x_quant=held, x_quant_scale=scale)  # fmt: skip
 
                 return time_graph(layer, len(layers), args.replays)
 
@@ -233,7 +232,7 @@ def main() -> None:
                     flabel = "toggled " + " ".join(config_label(c) for c in flipped)
                     results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
                 if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
-                    for mode in X_QUANT_MODES.get(fmt, ()):
+                    for mode in [mode for mode, formats in gemm.X_QUANT_FORMATS.items() if fmt in formats]:
                         for how in ("pass", "kernel"):
                             linears = per_linear(defaults, (mode, how)) if args.per_linear else None
                             results.append(

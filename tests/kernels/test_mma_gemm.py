@@ -87,10 +87,10 @@ def test_shorter_ctas_sum_as_the_full_ones(rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_resident_activations_sum_as_the_staged_ones(rng, fmt):
-    """Resident activations (MmaConfig.resident, the FP8 / MXFP8 plans' one-token form): each row tile's chunks in
+    """Resident activations (MmaConfig.resident, every format's one-token form in the plans): each row tile's chunks in
     the same order and the same split reduction as the staged kernel, so the same bits, and the oracle's values; M
-    below, at and past one tile of 8 tokens (rows past M are neither held nor read), splits shorter than the ring, CTA
-    heights 8 and 7, bias."""
+    below, at and past one tile of 8 tokens (rows past M are not held: their lanes read row 0 into columns never
+    stored), splits shorter than the ring, CTA heights 8 and 7, bias."""
     for n, k in _shapes(fmt):
         w64, shards = _case(rng, fmt, n, k)
         chunks = shards[0].chunks
@@ -141,7 +141,7 @@ def test_activations_quantized_where_held(rng, fmt, mode):
     activation mode, the same bits as the operand pass (b12x_kernels.act_quant) followed by the resident kernel,
     and the oracle's values (_held_values_oracle) times the weights. Values span tiny, normal and saturating ones
     (the scales are half what the largest value needs); M below and at one tile, splits, heights 8 and 7, bias."""
-    from b12x_kernels import act_quant
+    from b12x_core.backends import operands
 
     for n, k in _shapes(fmt):
         w64, shards = _case(rng, fmt, n, k)
@@ -151,13 +151,9 @@ def test_activations_quantized_where_held(rng, fmt, mode):
             spread = rng.choice([1e-4, 1.0, 30.0], size=(m, k))
             x = torch.from_numpy((rng.standard_normal((m, k)) * spread).astype(np.float32)).to("cuda", torch.bfloat16)
             amax = x.float().abs().max().item()
-            values = torch.empty_like(x)
-            if mode == "fp8_static":
-                scale = float(np.float32(amax / 448 * 0.5))
-                act_quant.quantize_fp8(x, mode, values, None, static_scale=scale)
-            else:  # nvfp4: the global scale 1 / input_scale of an input_scale half what amax needs
-                scale = float(np.float32(1) / np.float32(amax / (448 * 6) * 0.5)) if mode == "nvfp4" else 0.0
-                act_quant.quantize_activation(x, mode, values, global_scale=scale if mode == "nvfp4" else 1.0)
+            input_scale = {"fp8_static": amax / 448 * 0.5, "nvfp4": amax / (448 * 6) * 0.5}.get(mode)
+            values, _ = operands.bf16_operands(x, mode, input_scale, [torch.empty_like(x), None])  # the backend's
+            scale = operands.in_kernel_scale(mode, input_scale)
             x_hat = torch.from_numpy(_held_values_oracle(x.float().cpu().numpy(), mode, scale))
             assert torch.equal(values.double().cpu(), x_hat)  # the operand pass itself against the oracle
             ref = x_hat @ w64.T + bias.double().cpu()

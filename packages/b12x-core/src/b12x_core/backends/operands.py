@@ -63,6 +63,10 @@ def bf16_specs(act_mode: str, m: int, k: int) -> list:
     return [((m, k), torch.bfloat16)]
 
 
+def _global_scale(act_mode: str, input_scale: float | None) -> float:
+    return float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 1.0
+
+
 def in_kernel_scale(act_mode: str, input_scale: float | None) -> float:
     """The scale a kernel that quantizes the activations itself takes for `act_mode` (b12x_kernels.interface
     MmaPlan.x_quant_scale): the one bf16_operands hands act_quant, fp8 static's input_scale or nvfp4's global
@@ -70,7 +74,7 @@ def in_kernel_scale(act_mode: str, input_scale: float | None) -> float:
     if act_mode == "fp8_static":
         return _static_scale(act_mode, input_scale)
     if act_mode == "nvfp4":
-        return float(np.float32(1.0) / np.float32(input_scale))
+        return _global_scale(act_mode, input_scale)
     return 0.0
 
 
@@ -86,7 +90,6 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
     values = buffers[0]
     if act_mode in FP8_MODES:
         scale = None if act_mode == "fp8_static" else buffers[1]
-        act_quant.quantize_fp8(x2, act_mode, values, scale, in_kernel_scale(act_mode, input_scale) or 1.0)
+        act_quant.quantize_fp8(x2, act_mode, values, scale, _static_scale(act_mode, input_scale))
         return values, scale
-    global_scale = in_kernel_scale(act_mode, input_scale) or 1.0
-    return act_quant.quantize_activation(x2, act_mode, values, global_scale), None
+    return act_quant.quantize_activation(x2, act_mode, values, _global_scale(act_mode, input_scale)), None
