@@ -23,7 +23,8 @@ module; only the linear layers (and the experts) differ:
   - b12x: one bc.prepare_linear per fused layer from its row shards (q, k, v / gate, up: each shard its own
     per-tensor scales, as b12x_vllm prepares them), activation "auto" (the checkpoint's recipe, as b12x_vllm
     asks; the random checkpoints carry no input_scale, so FP8 runs W8A8 with per-token fp8 activations and the
-    rest bf16); experts by bc.prepare_moe (act_format "auto" likewise: bf16 for NVFP4 and IQ2_XS, mxfp8 for
+    rest bf16; FP8+input_scale and NVFP4+input_scale carry one, as ModelOpt's checkpoints do, and run fp8 static
+    and nvfp4 activations); experts by bc.prepare_moe (act_format "auto" likewise: bf16 for NVFP4 and IQ2_XS, mxfp8 for
     MXFP4) + bc.route_topk + bc.moe. The router, embedding and LM head stay bf16 in both. Rows name the modes.
 Method: the step (embedding, every layer, final norm, LM head) of B sequences of one new token each, the KV cache
 holding CTX - 1 earlier tokens, is captured in one CUDA graph and replayed (decode_linear.time_graph: median of the
@@ -43,12 +44,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from decode_linear import device_facts, random_weight, reuse_repacks, time_graph
 from moe import bf16_grouped_moe
 
 import b12x_core as bc
+import b12x_formats as bf
 
 CTX = 512  # KV-cache slots per sequence; the new token takes the last one
 ROPE_THETA = 500000.0
@@ -76,11 +79,23 @@ ARCHS = {
 }
 
 
+# A format named with this suffix (FP8+input_scale, NVFP4+input_scale) is a checkpoint that also carries a static
+# input_scale, as ModelOpt's FP8 and NVFP4 checkpoints do, so "auto" resolves to their recipe: fp8 static, nvfp4.
+WITH_INPUT_SCALE = "+input_scale"
+# The input_scale those carry: fp8 static's codes reach |x| = 448 x 0.02 (about 9); nvfp4's blocks 448 x 6 x it. The
+# kernels saturate past them, and the step's time does not depend on values (step_us checks the output is finite).
+INPUT_SCALE = {"FP8": 0.02, "NVFP4": 5.0 / (448 * 6)}
+
+
 @functools.cache
 def checkpoint(fmt: str, role: str, n: int, k: int, lead: tuple[int, ...] = ()):
     """One random checkpoint weight per (format, projection), shared by every layer: reuse_repacks then repacks
     it once, and each layer still uploads its own device copy."""
-    return random_weight(fmt, n, k, lead)
+    name = fmt.removesuffix(WITH_INPUT_SCALE)
+    weight = random_weight(name, n, k, lead)
+    if name == fmt:
+        return weight
+    return bf.QuantizedWeight.from_tensors(name, {**weight.tensors, "input_scale": np.float32(INPUT_SCALE[name])})
 
 
 class B12xLinear(torch.nn.Module):
@@ -198,7 +213,7 @@ class Model(torch.nn.Module):
 
     def activations(self) -> str:
         """The activation modes the b12x ops resolved "auto" to (linear, then MoE where there is one)."""
-        linear = {m.prepared.activation for m in self.modules() if isinstance(m, B12xLinear)}
+        linear = {m.prepared.act_mode for m in self.modules() if isinstance(m, B12xLinear)}
         moe = {m.prepared.act_format for m in self.modules() if isinstance(m, Experts) and m.fmt != BF16}
         return "/".join(sorted(linear)) + (" moe " + "/".join(sorted(moe)) if moe else "") or BF16
 

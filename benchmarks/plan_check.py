@@ -4,6 +4,7 @@ picks from comes out of the same run.
 
     python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table crossover.json]
     python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes 8b,70b.down --ms 1,16,256 --replays 20
+    python benchmarks/plan_check.py --activations "fp8 static,mxfp8,nvfp4" --ms 1,2,4,8  # quantized modes only
     python benchmarks/plan_check.py --emit-table packages/b12x-core/src/b12x_core/crossover.json  # table + check
     python benchmarks/plan_check.py --table-only --emit-table crossover.json   # backends alone: the table only
     python benchmarks/plan_check.py --from-json plan_check.json --emit-table crossover.json  # a saved run's table
@@ -176,7 +177,9 @@ def measure(args, device: torch.device) -> list[dict]:
     rows: list[dict] = []
     shapes = {"tiny": (256, 512)} if args.cpu_smoke else shapes_of(args.shapes)
     formats = set(args.formats.split(",")) if args.formats else None
-    pairs = [p for p in PAIRS if formats is None or p[0] in formats]
+    activations = set(args.activations.split(",")) if args.activations else None  # as labels name them
+    pairs = [p for p in PAIRS if (formats is None or p[0] in formats)
+             and (activations is None or label(*p).split(" × ")[1] in activations)]  # fmt: skip
     ms = [int(m) for m in args.ms.split(",")]
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     for name, (n, k) in shapes.items():
@@ -293,6 +296,9 @@ def main() -> int:
     parser.add_argument("--emit-table", default="", help="write the measured crossover table here")
     parser.add_argument("--shapes", default="8b,70b", help=f"models ({','.join(MODELS)}) and/or {','.join(SHAPES)}")
     parser.add_argument("--formats", default="", help="subset of the formats (default: all)")
+    parser.add_argument("--activations", default="",
+                        help='subset of the activation modes, as the labels name them: bf16, "fp8 static", fp8 '
+                        "(per token or per group), mxfp8, nvfp4 (default: all)")  # fmt: skip
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--table-only", action="store_true", help="time the backends alone, not the dispatched op")

@@ -28,6 +28,15 @@ def test_plan_check_smoke_writes_rows_and_a_table_the_plan_reads(tmp_path):
     assert all(e.ms == (1, 2, 4) and len(e.us["reference"]) == 3 for e in entries)
 
 
+def test_plan_check_measures_only_the_activation_modes_asked_for(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks/plan_check.py"), "--cpu-smoke", "--formats", "FP8,NVFP4",
+           "--activations", "fp8 static,nvfp4", "--out", "out.json", "--png", ""]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert "## check: dispatched" in done.stdout, done.stderr[-2000:]  # (its pass or miss is wall-clock noise here)
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert {(r["format"], r["mode"]) for r in rows if "backends" in r} == {("FP8", "fp8_static"), ("NVFP4", "nvfp4")}
+
+
 def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:

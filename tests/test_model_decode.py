@@ -23,8 +23,9 @@ TINY_MOE = md.Arch("tiny_moe", 256, 1, 4, 2, 64, 256, 512, experts=8, top_k=2, q
 
 @pytest.mark.parametrize(
     ("arch", "fmt", "activations"),
-    [(TINY, "bf16", "bf16"), (TINY, "IQ2_XS", "bf16"), (TINY, "FP8", "fp8"), (TINY_MOE, "NVFP4", "bf16 moe bf16"),
-     (TINY_MOE, "bf16", "bf16"), (replace(TINY, layers=0), "bf16", "bf16")],
+    [(TINY, "bf16", "bf16"), (TINY, "IQ2_XS", "bf16"), (TINY, "FP8", "fp8_token"), (TINY_MOE, "NVFP4", "bf16 moe bf16"),
+     (TINY, "FP8+input_scale", "fp8_static"), (TINY, "NVFP4+input_scale", "nvfp4"), (TINY_MOE, "bf16", "bf16"),
+     (replace(TINY, layers=0), "bf16", "bf16")],
 )  # fmt: skip
 def test_a_tiny_model_steps_on_the_cpu(arch, fmt, activations):
     torch.manual_seed(0)

@@ -8,7 +8,8 @@
 #   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
 # linear groups: "shapes[@ms]" separated by ";" (e.g. "8b;70b@1,16,256,4096"), each given LINEAR_SHARES percent
 # (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases;
-# PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table).
+# PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table),
+# PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
 # OUT gets: run.log (everything), times.txt (each test's seconds), moe.json and linear_<group>.json (raw rows),
 # crossover.json (commit it as packages/b12x-core/src/b12x_core/crossover.json), rows.md (docs tables).
 set -uo pipefail
@@ -52,6 +53,7 @@ for i in "${!groups[@]}"; do
   budget=$(( ($(left) - 60) * ${shares[$i]:-100} / 100 ))
   say "linear $shapes (budget ${budget} s)"
   timeout $(( budget + 60 )) python3 benchmarks/plan_check.py --shapes "$shapes" "${ms_arg[@]}" ${PLAN_FORMATS:+--formats "$PLAN_FORMATS"} \
+    ${PLAN_ACTIVATIONS:+--activations "$PLAN_ACTIVATIONS"} \
     --out "$out/linear_$i.json" --png "" --emit-table "$table" --budget-s "$budget"
   say "linear $shapes: exit $?"
 done

@@ -247,6 +247,35 @@ def test_plans_hold_activations_resident_only_at_one_token_tiles_that_fit(rng, f
         assert ("resident" in str(config)) == resident
 
 
+@pytest.mark.parametrize(
+    "fmt,mode",
+    [("FP8", "fp8_static"), ("MXFP8", "mxfp8"), ("MXFP4", "mxfp8"), ("NVFP4", "mxfp8"), ("NVFP4", "nvfp4"),
+     ("FP8_BLOCK", "bf16"), ("NVFP4", "bf16"), ("Q8_0", "bf16")],
+)  # fmt: skip
+def test_plans_quantize_activations_in_the_kernel_exactly_where_it_holds_them(rng, fmt, mode):
+    """A tensor-core plan row names x_quant (the kernel quantizes the activations it holds, no operand pass) for a
+    quantized activation mode at the rows that hold their activations (resident), and nowhere else: never with bf16
+    activations, never at staged rows. Such a row carves no operand buffer; the other rows of a quantized mode carve
+    the operand pass's bf16 values."""
+    from types import SimpleNamespace
+
+    from b12x_core.backends.tensor_core import TensorCoreGemm
+
+    n, k = int(rng.integers(1, 400)) * 128, int(rng.integers(4, 32)) * 256
+    q = query(fmt, mode, H200, max_tokens=300, n=n, k=k)
+    backend = TensorCoreGemm(q, SimpleNamespace(mma=[]))
+    rows = TensorCoreGemm.configs(q, 1, 300)
+    assert rows[0][0] == 1 and rows[0][2].get("resident")  # one token over K ≤ 8192: held (the rule above)
+    for lo, hi, config in rows:
+        in_kernel = bool(config.get("resident")) and mode != "bf16"
+        assert config.get("x_quant") == (mode if in_kernel else None), (lo, hi, config)
+        partials = 4 * config["splits"] * hi * n if config["splits"] > 1 else 0
+        operand = 0 if in_kernel or mode == "bf16" else 2 * hi * k  # the bf16 values the operand pass writes
+        assert backend.scratch_bytes(hi, config) >= partials + operand
+        if in_kernel:
+            assert backend.scratch_bytes(hi, config) < partials + 2 * hi * k
+
+
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])
 def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
     """At one-token tiles the K split stops at about two CTAs an SM (a latency-bound stream per CTA: more splits

@@ -137,7 +137,7 @@ def _held_values_oracle(x, mode, scale):
     "fmt,mode", sorted((fmt, mode) for mode, formats in gemm.X_QUANT_FORMATS.items() for fmt in formats)
 )
 def test_activations_quantized_where_held(rng, fmt, mode):
-    """x_quant (resident configurations; no plan passes it yet): the kernel quantizes the rows it holds as the
+    """x_quant (resident configurations; the plans pass it there): the kernel quantizes the rows it holds as the
     activation mode, the same bits as the operand pass (b12x_kernels.act_quant) followed by the resident kernel,
     and the oracle's values (_held_values_oracle) times the weights. Values span tiny, normal and saturating ones
     (the scales are half what the largest value needs); M below and at one tile, splits, heights 8 and 7, bias."""

@@ -127,7 +127,7 @@ def test_interpreted_fused_shards(rng, fmt, activation):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
-@pytest.mark.parametrize("m", [5, 17, 64, 300, 2048])
+@pytest.mark.parametrize("m", [1, 5, 17, 64, 300, 2048])  # 1: every format holds (and quantizes) its activations
 def test_gpu_backends_match_reference(rng, fmt, activation, with_scale, m):
     """Every backend that can run the pair on this GPU, alone, and the dispatched bc.linear (whatever its plan
     picks at m) against the CPU reference; outputs deterministic."""

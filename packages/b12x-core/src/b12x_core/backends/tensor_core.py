@@ -8,7 +8,8 @@ shard factor, static fp8 with its scale there too). Per-token fp8 scales need th
 
 Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
 the K split whose CTAs fill the GPU in the most even waves (tensor_core.gemm.default_config, from the kernel's occupancy
-on this device); at one token (FP8 and MXFP8: up to 8), activations held whole in shared memory (gemm.holds_resident).
+on this device); at one token (FP8 and MXFP8: up to 8), activations held whole in shared memory (gemm.holds_resident),
+and there quantized by the kernel itself for the quantized modes it pairs with (the plan row's `x_quant`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ from .base import Backend, config_ranges, cuda_reason
 
 MODES = operands.BF16_EXACT_MODES
 # Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
-# instead of a separate operand pass. Empty until that kernel has run and been measured on a GPU (docs/performance.md,
-# eighteenth session): then the modes measured faster go here and the tables are re-measured.
-IN_KERNEL_QUANT: frozenset[str] = frozenset()
+# instead of a separate operand pass (b12x_kernels.act_quant, one launch a linear). Measured on the H200
+# (2026-12-04, mma_linear.py --x-quant-ab --per-linear, the same configurations both ways, docs/performance.md): on
+# every 8B and 70B linear at one and four tokens the kernel's own quantization was as fast or faster (0.77-1.02 a
+# linear; the 8B layer at one token FP8 x fp8 static 101.5 -> 86.3 us, MXFP4 x mxfp8 73.5 -> 65.8, NVFP4 x nvfp4
+# 77.6 -> 69.4), so every pair the kernels quantize does it where the rows are held.
+IN_KERNEL_QUANT: frozenset[str] = frozenset(gemm.X_QUANT_FORMATS)
+
+
+def quantizes_in_kernel(fmt: str, act_mode: str, config: gemm.MmaConfig) -> bool:
+    """Whether a call under `config` quantizes its activations inside the kernel instead of an operand pass first:
+    resident configurations of the pairs the kernels quantize (gemm.X_QUANT_FORMATS)."""
+    return config.resident and act_mode in IN_KERNEL_QUANT and fmt in gemm.X_QUANT_FORMATS[act_mode]
 
 
 class TensorCoreGemm(Backend):
@@ -61,7 +71,8 @@ class TensorCoreGemm(Backend):
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
                                     share=gemm.split_share(q.format, m, q.k), fmt=q.format)  # fmt: skip
-            return c.plan_row()
+            in_kernel = quantizes_in_kernel(q.format, q.act_mode, c)
+            return {**c.plan_row(), **({"x_quant": q.act_mode} if in_kernel else {})}
 
         return config_ranges(lo, hi, config_of)
 
@@ -77,19 +88,22 @@ class TensorCoreGemm(Backend):
     def _partials(self, tokens, config) -> list:
         return [((config["splits"] * tokens * self.query.n,), torch.float32)] if config["splits"] > 1 else []
 
+    def _operand_specs(self, tokens, config) -> list:
+        """The operand pass's buffers, none where the kernel quantizes the activations itself (the row's x_quant)."""
+        return [] if "x_quant" in config else operands.bf16_specs(self.query.act_mode, tokens, self.query.k)
+
     def scratch_bytes(self, tokens, config):
-        q = self.query
-        return workspace.nbytes(operands.bf16_specs(q.act_mode, tokens, q.k) + self._partials(tokens, config))
+        return workspace.nbytes(self._operand_specs(tokens, config) + self._partials(tokens, config))
 
     def run(self, x2, bias, *, config):
         q = self.query
         m = x2.shape[0]
         mc = gemm.MmaConfig.of_plan_row(config)
-        in_kernel = mc.resident and q.act_mode in IN_KERNEL_QUANT and q.format in gemm.X_QUANT_FORMATS[q.act_mode]
-        operand_specs = [] if in_kernel else operands.bf16_specs(q.act_mode, m, q.k)
+        x_quant = config.get("x_quant", "none")  # the plan's: the kernel quantizes the rows it holds (configs)
+        operand_specs = self._operand_specs(m, config)
         carved = workspace.carve(x2.device, operand_specs + self._partials(m, config))
         values = carved[: len(operand_specs)]
-        if in_kernel:
+        if x_quant != "none":
             xv = x2
         else:
             xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale, values or None)
@@ -99,7 +113,6 @@ class TensorCoreGemm(Backend):
         tickets = workspace.tickets(x2.device, self.tickets_needed)
         partials = carved[-1] if config["splits"] > 1 else tickets.view(torch.float32)  # unread without splits
         ws = gemm.MmaWorkspace(partials, tickets)
-        x_quant = q.act_mode if in_kernel else "none"
         scale = operands.in_kernel_scale(x_quant, self.weights.input_scale)
         stream = torch.cuda.current_stream(x2.device).cuda_stream
         gemm.run(xv.contiguous(), self.shards, y, bias, mc, ws, stream, x_quant=x_quant, x_quant_scale=scale)

@@ -305,7 +305,8 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
         x_quant_scale: float = 0.0) -> None:  # fmt: skip
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N].
     `x_quant`: x2 quantized as that activation mode inside the kernel (MmaShard.plan; resident configurations of the
-    formats that pair with it, the extension refuses others). No plan passes it yet: it has not run on a GPU."""
+    formats that pair with it, the extension refuses others); the plans pass it where the row says so
+    (backends.tensor_core.quantizes_in_kernel)."""
     m = x2.shape[0]
     for s in shards:
         plan = s.plan(config, y.shape[1], x_quant=x_quant, x_quant_scale=x_quant_scale)
