@@ -24,7 +24,8 @@ even work per SM) in the same run. `--resident-ab` also times, at one-token tile
 resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
 defaults hold them where gemm.holds_resident allows). `--x-quant-ab` times, at one-token tiles, each quantized
 activation mode the format pairs with (FP8: fp8 static; MXFP8, MXFP4: mxfp8; NVFP4: mxfp8, nvfp4) twice: quantized by
-the operand pass before each linear, and by the kernel where it holds them (MmaShard.plan's x_quant).
+the operand pass before each linear under the bf16 defaults, and by the kernel under the mode's own defaults (rows
+held where gemm.holds_resident allows the pair; MmaShard.plan's x_quant).
 """
 
 from __future__ import annotations
@@ -233,10 +234,15 @@ def main() -> None:
                     results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
                 if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
                     for mode in [mode for mode, formats in gemm.X_QUANT_FORMATS.items() if fmt in formats]:
-                        for how in ("pass", "kernel"):
-                            linears = per_linear(defaults, (mode, how)) if args.per_linear else None
+                        # in the kernel: the mode's own defaults (held past one token where holds_resident says so)
+                        held = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, fmt=fmt, act_mode=mode,
+                                                    share=gemm.split_share(fmt, m, s.k))
+                                for s in one_layer]  # fmt: skip
+                        for how, configs in (("pass", defaults), ("kernel", held)):
+                            linears = per_linear(configs, (mode, how)) if args.per_linear else None
+                            hlabel = "rt1 " + " ".join(config_label(c) for c in configs)
                             results.append(
-                                (timed(defaults, x_quant=(mode, how)), f"{mode} by the {how} {label}", linears)
+                                (timed(configs, x_quant=(mode, how)), f"{mode} by the {how} {hlabel}", linears)
                             )
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
                     filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]

@@ -255,8 +255,9 @@ def test_plans_hold_activations_resident_only_at_one_token_tiles_that_fit(rng, f
 def test_plans_quantize_activations_in_the_kernel_exactly_where_it_holds_them(rng, fmt, mode):
     """A tensor-core plan row names x_quant (the kernel quantizes the activations it holds, no operand pass) for a
     quantized activation mode at the rows that hold their activations (resident), and nowhere else: never with bf16
-    activations, never at staged rows. Such a row carves no operand buffer; the other rows of a quantized mode carve
-    the operand pass's bf16 values."""
+    activations, never at staged rows; a quantized pair holds them up to four tokens over a K of 4096, as FP8 and MXFP8
+    do with bf16 activations. Such a row carves no operand buffer; the other rows of a quantized mode carve the operand
+    pass's bf16 values."""
     from types import SimpleNamespace
 
     from b12x_core.backends.tensor_core import TensorCoreGemm
@@ -274,6 +275,8 @@ def test_plans_quantize_activations_in_the_kernel_exactly_where_it_holds_them(rn
         assert backend.scratch_bytes(hi, config) >= partials + operand
         if in_kernel:
             assert backend.scratch_bytes(hi, config) < partials + 2 * hi * k
+    four_tokens = TensorCoreGemm.configs(query(fmt, mode, H200, max_tokens=8, n=n, k=min(k, 4096)), 4, 4)[0][2]
+    assert four_tokens.get("x_quant") == (None if mode == "bf16" else mode)  # quantized pairs hold 2-8 tokens too
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8", "Q8_0"])

@@ -70,7 +70,8 @@ class TensorCoreGemm(Backend):
 
         def config_of(m: int) -> dict:
             c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
-                                    share=gemm.split_share(q.format, m, q.k), fmt=q.format)  # fmt: skip
+                                    share=gemm.split_share(q.format, m, q.k), fmt=q.format,
+                                    act_mode=q.act_mode)  # fmt: skip
             in_kernel = quantizes_in_kernel(q.format, q.act_mode, c)
             return {**c.plan_row(), **({"x_quant": q.act_mode} if in_kernel else {})}
 

@@ -145,13 +145,15 @@ STREAMING_CTAS_PER_SM = 2
 
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
-                   sms: int = 0, share: float = 0.0, balance: bool = True, fmt: str = "") -> MmaConfig:  # fmt: skip
+                   sms: int = 0, share: float = 0.0, balance: bool = True, fmt: str = "",
+                   act_mode: str = "bf16") -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
     per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
     least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
     far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it). Given the format,
-    one-token tiles hold their activations whole where the rule measured allows (holds_resident)."""
+    one-token tiles hold their activations whole where the rule measured for it and `act_mode` allows
+    (holds_resident)."""
     mt = token_tile(m)
     tiles = output_tiles(token_tiles(m, mt), n)
     if mt == 1 and sms and rt == 1 and balance:
@@ -160,9 +162,15 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
         config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
     else:
         return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
-    if holds_resident(fmt, m, chunks, config):
+    if holds_resident(fmt, m, chunks, config, act_mode):
         config = replace(config, resident=True)
     return config
+
+
+# The activation modes the resident kernel quantizes where it holds the rows (x_quant), and the weight formats whose
+# kernels do (csrc/mma_gemm.cuh x_quantizes: the pairs the plans make); the extension refuses the others.
+X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
+                   "nvfp4": frozenset({"NVFP4"})}  # fmt: skip
 
 
 # Resident activations (MmaConfig.resident) against the staged ones, same run (H200, 2026-12-03, mma_linear.py
@@ -172,15 +180,19 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
 # tokens the gain shrinks and turns with the CTAs an SM holds (70B gate_up: -15% to +19% by format and tokens), so
 # only FP8 and MXFP8, whose decode is the lightest and which gained most (the 8B layer at four tokens 105.7 -> 95.0),
 # keep them past one token. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
+# A quantized activation mode the kernel quantizes where it holds the rows (X_QUANT_FORMATS) saves the operand pass
+# only when held, so its pairs hold them at 2-8 tokens too: FP4 x mxfp8 / nvfp4 measured on the H200 (2026-12-04,
+# mma_linear.py --x-quant-ab, the operand pass + staged rows against rows quantized where held, same run).
 RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
 
-def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig) -> bool:
+def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: str = "bf16") -> bool:
     """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
-    tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS, its live rows over the split's
-    K within RESIDENT_MAX_BYTES of bf16."""
-    if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and fmt not in RESIDENT_FORMATS):
+    tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS and for the pairs the kernel
+    quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16."""
+    past_one = fmt in RESIDENT_FORMATS or fmt in X_QUANT_FORMATS.get(act_mode, ())
+    if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
     split_k = -(-chunks // config.splits) * chunk_k(fmt)
     return min(m, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
@@ -292,12 +304,6 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
         0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,
     )  # fmt: skip
-
-
-# The activation modes the resident kernel quantizes where it holds the rows (x_quant), and the weight formats whose
-# kernels do (csrc/mma_gemm.cuh x_quantizes: the pairs the plans make); the extension refuses the others.
-X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
-                   "nvfp4": frozenset({"NVFP4"})}  # fmt: skip
 
 
 def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.Tensor | None, config: MmaConfig,
