@@ -181,8 +181,11 @@ X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8"
 # only FP8 and MXFP8, whose decode is the lightest and which gained most (the 8B layer at four tokens 105.7 -> 95.0),
 # keep them past one token. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
 # A quantized activation mode the kernel quantizes where it holds the rows (X_QUANT_FORMATS) saves the operand pass
-# only when held, so its pairs hold them at 2-8 tokens too: FP4 x mxfp8 / nvfp4 measured on the H200 (2026-12-04,
-# mma_linear.py --x-quant-ab, the operand pass + staged rows against rows quantized where held, same run).
+# only when held, so its pairs hold them at 2-8 tokens too. Measured on the H200 (2026-12-04, mma_linear.py
+# --x-quant-ab --per-linear: the operand pass + staged rows against rows quantized where held, same run), the 8B
+# layer at 2 / 4 / 8 tokens: NVFP4 x mxfp8 84.0 / 84.8 / 88.3 -> 72.7 / 76.2 / 82.6 us, MXFP4 x mxfp8 80.9 / 81.5 /
+# 85.3 -> 70.9 / 73.5 / 80.0, NVFP4 x nvfp4 86.3 / 86.8 / 89.7 -> 76.9 / 83.9 / 90.3; the 70B layer 2-15% faster at
+# 2 and 4 tokens, within 1% at 8 (nvfp4 +0.9%, one linear +8%: the staged rows' CTAs an SM start to count there).
 RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
