@@ -25,6 +25,7 @@ from b12x_core import workspace
 from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
 from b12x_core.tensor_core import experts as mma_experts
+from b12x_core.tensor_core import gemm
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
@@ -180,6 +181,36 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_blocks
     assert TensorCoreMoE.tickets(query, rows) >= TensorCoreMoE.table_blocks(query, rows[0][1], first) * 2 * 768 // 128
 
 
+@pytest.mark.parametrize(
+    "top_k,experts,hidden,inter", [(8, 128, 2048, 768), (4, 128, 2880, 2880), (8, 256, 7168, 2048)]
+)
+def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypatch, top_k, experts, hidden, inter):
+    """HOLDS_ROWS: a configuration holds a GEMM's block rows only at 8-slot blocks and only where 8 rows over its
+    split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's kernel quantizes the
+    mode; off (the plans' default), no configuration holds or quantizes anything."""
+    from b12x_core.backends import tensor_core_moe
+    from b12x_core.tensor_core import geometry
+
+    for fmt, act in (("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")):
+        shape = MoEShape(experts=experts, hidden=hidden, intermediate=inter, top_k=top_k, activation="silu",
+                         w13_order="gate_up", act_mode_2=act, w2_format=fmt)  # fmt: skip
+        q = Query("moe", fmt, act, act, H200, n=2 * inter, k=hidden, max_tokens=4096, moe=shape)
+        assert all("held" not in c for _, _, c in TensorCoreMoE.configs(q, 1, 4096))
+        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
+        for _, last, config in TensorCoreMoE.configs(q, 1, 4096):
+            if config["tokens"] != 8:
+                assert "held" not in config
+                continue
+            for i, (k, mode) in enumerate(((hidden, act), (inter, act))):
+                chunks = -(-k // geometry.chunk_k(fmt))
+                split_k = -(-chunks // config["splits"][i]) * geometry.chunk_k(fmt)
+                fits = min(last * top_k, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+                assert config["held"][i] == fits, (last, config)
+                in_kernel = fits and fmt in gemm.X_QUANT_FORMATS.get(mode, ())
+                assert config["x_quant"][i] == (mode if in_kernel else "none")
+        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
+
+
 def test_default_plan_keeps_the_triton_moe_until_measured():
     """Unmeasured (no crossover row), the conservative plan runs the Triton MoE; the tensor-core MoE is listed
     as the runner-up with the reason."""
@@ -205,7 +236,7 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(resident=1, mt=2), {}, "resident activations need mt 1"),
         (dict(resident=1, rt=2), {}, "resident activations need mt 1"),
-        (dict(resident=1, N=32), dict(order=16, table=16, blocks=4), "resident activations run dense calls only"),
+        (dict(resident=1, N=32, K=32768, chunks=1024), dict(M=8, order=16, table=16, blocks=4), "exceed 227 KB"),
         (dict(resident=1, K=32768, chunks=1024), dict(M=8), "exceed 227 KB"),
         (dict(x_quant=1, x_quant_scale=1.0), {}, "x_quant .* needs resident activations"),
         (dict(resident=1, x_quant=3, x_quant_scale=1.0), {}, "does not quantize"),  # nvfp4 needs NVFP4 weights
@@ -280,6 +311,31 @@ def test_gpu_tensor_core_moe_matches_reference(rng, fmt, act_format, activation,
     y = row.run(x.cuda(), weights.cuda(), ids.cuda())
     close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
     assert torch.equal(row.run(x.cuda(), weights.cuda(), ids.cuda()), y)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
+@pytest.mark.parametrize("t", [1, 3])  # 2 and 6 slots: blocks of one slot, and of several
+def test_gpu_held_rows_give_the_staged_bits(rng, monkeypatch, fmt, act_format, t):
+    """HOLDS_ROWS: 8-slot blocks hold each GEMM's gathered rows (quantized in the kernel for the pairs it has) and
+    give the same bits as the staged kernels after the operand passes, on the same prepared weights."""
+    from b12x_core.backends import tensor_core_moe
+
+    inter = 256 if bf.spec(fmt).packing == "ggml" else 192
+    x, w13, w2, weights, ids = problem(rng, fmt, act_format, "silu", e=8, h=512, inter=inter, t=t, top_k=2)
+    kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format=act_format)
+    p = prepared_on_cuda(w13, w2, **kw)
+    staged = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
+    held = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+    assert held.config["held"] == (True, True) and "held" not in staged.config
+    quantized = act_format != "bf16" and fmt in gemm.X_QUANT_FORMATS.get(p.act_mode_13, ())
+    assert held.config["x_quant"][0] == (p.act_mode_13 if quantized else "none")
+    x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
+    workspace.poison(torch.device("cuda"))
+    y = held.run(x, weights, ids)
+    assert torch.equal(y, staged.run(x, weights, ids))
+    assert torch.equal(held.run(x, weights, ids), y)  # deterministic
 
 
 @pytest.mark.gpu

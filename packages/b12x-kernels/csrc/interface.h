@@ -84,7 +84,7 @@ struct MmaPlan {
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
-  int resident;                   // mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole
+  int resident;                   // mma_gemm, mt 1 and rt 1: 1 holds the split's activations (or gathered slots) whole
   int x_quant;                    // mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x
   float x_quant_scale;            // x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)
 };

@@ -425,7 +425,8 @@ constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared mem
   return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
 }
 // Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
-// tile's live rows (at most 8, dense) over the whole K range of its split, loaded once with the first weights, so the
+// tile's live rows (at most 8: dense, its tokens; grouped, its block's slots, at most min(M, 8) since M counts the
+// slots) over the whole K range of its split, loaded once with the first weights, so the
 // main loop has no CTA barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's
 // hottest stall). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
 // keep the swizzle bits), padded by E/2 elements like a stage row.
@@ -745,7 +746,8 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
     }
   };
   auto load_stage = [&](int c0, int buf) { load_rows(xs + buf * XSTAGE, XROW, TOK, XC * F::KB / 8, c0); };
-  const int live_rows = RX ? min(TOK, p.M - mtile * TOK) : TOK;
+  // Held rows: dense, the tile's tokens below M; grouped, the block's slots (a block's live rows come first).
+  const int live_rows = !RX ? TOK : min(TOK, grouped ? p.block_rows[mtile] : p.M - mtile * TOK);
 
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
   const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
@@ -902,8 +904,7 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
   const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
-    if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here; dense only)
-      if (p.resident && p.order) return cudaErrorNotSupported;
+    if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here), dense or grouped
       if (p.resident) {  // the activation modes this format's plans pair it with, quantized where held (x_quantizes)
         auto held = [&](auto XQ) {
           return launch<F, 1, 1, tl_, true, decltype(XQ)::value>(p, mtiles, nblocks, stream);

@@ -122,7 +122,6 @@ PYBIND11_MODULE(_C, m) {
         if (!x || (!y && !f32) || x % 16) throw std::invalid_argument("mma_gemm: null or misaligned x / y");
         if (order && (!table || blocks < 1 || p.N % 16))
           throw std::invalid_argument("mma_gemm: grouped needs the block table, blocks >= 1 and N % 16 == 0");
-        if (p.resident && order) throw std::invalid_argument("mma_gemm: resident activations run dense calls only");
         if (p.resident && b12x::mma_resident_smem_bytes(p, M) > 227 * 1024)
           throw std::invalid_argument("mma_gemm: resident activations of this call (M rows x the split's K) exceed "
                                       "227 KB of shared memory; take more K splits or the staged plan");

@@ -124,7 +124,7 @@ MmaPlan = _block(
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
-        ("resident", "int", "mma_gemm, mt 1 and rt 1, dense: 1 holds the split's activations whole"),
+        ("resident", "int", "mma_gemm, mt 1 and rt 1: 1 holds the split's activations (or gathered slots) whole"),
         ("x_quant", "int", "mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x"),
         ("x_quant_scale", "float", "x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)"),
     ],

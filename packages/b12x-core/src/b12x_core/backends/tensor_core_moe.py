@@ -8,6 +8,9 @@ per GEMM over every touched expert.
 - down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
   and each token's top-k rows in order: deterministic, no atomics on data.
 - The intermediate's mxfp8 / nvfp4 quantization runs between them (b12x_kernels.act_quant), as the Triton path.
+- Held rows (HOLDS_ROWS, off in the plans until the MoE tables are measured with it): at 8-slot blocks each GEMM
+  can hold its block's gathered rows over its split's K in shared memory (the dense path's resident form), and
+  then quantizes them there for the modes its format pairs with (gemm.X_QUANT_FORMATS), with no operand pass.
 
 Configuration per token count: the token tile from the mean slots per expert, each GEMM's K split from the
 expected busy blocks (even waves over SMs × CTAs per SM), the routing table's maker as the Triton path's.
@@ -25,6 +28,11 @@ from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
 MODES = ("bf16", "mxfp8", "nvfp4")
+# Whether plans built now hold each GEMM's block rows at 8-slot blocks and quantize them in the kernel (call_config's
+# "held" and "x_quant"). The kernel's grouped resident form is GPU-tested (test_mma_moe.py, bit-identical to the
+# staged one and to the operand pass); off until benchmarks/moe.py has measured it into the MoE tables, so that no
+# plan picks what its table has not timed (moe.py's "tensor_core_moe@held" times it beside the staged plans).
+HOLDS_ROWS = False
 
 
 def _rows13(shape) -> int:
@@ -85,7 +93,27 @@ class TensorCoreMoE(Backend):
             chunks = -(-k // geometry.chunk_k(fmt))
             splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)))
         route = table_maker(slots, decode_kernels())
-        return {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
+        config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
+        if HOLDS_ROWS and mt == 1:
+            config.update(cls._held(query, slots, splits))
+        return config
+
+    @staticmethod
+    def _held(query, slots: int, splits: list[int]) -> dict:
+        """Per GEMM (gate/up, down): whether its 8-slot blocks hold their rows over the split's K (the dense rule's
+        bytes, gemm.RESIDENT_MAX_BYTES), and the activation mode the kernel then quantizes them to ("none": bf16,
+        or the operand pass where the format has no in-kernel form for it)."""
+        shape = query.moe
+        held, modes = [], []
+        for fmt, k, splits_k, mode in ((query.format, shape.hidden, splits[0], query.act_mode),
+                                       (shape.w2_format, shape.intermediate, splits[1], shape.act_mode_2)):  # fmt: skip
+            chunk = geometry.chunk_k(fmt)
+            chunks = -(-k // chunk)
+            split_k = -(-chunks // splits_k) * chunk  # the K one split holds
+            holds = min(slots, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+            held.append(holds)
+            modes.append(mode if holds and fmt in gemm.X_QUANT_FORMATS.get(mode, ()) else "none")
+        return {"held": tuple(held), "x_quant": tuple(modes)}
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
@@ -113,22 +141,28 @@ class TensorCoreMoE(Backend):
         q, shape = self.query, self.query.moe
         slots = tokens * shape.top_k
         s13, s2 = config["splits"]
-        x_specs = operands.bf16_specs(q.act_mode, tokens, shape.hidden)
+        xq13, xq2 = config.get("x_quant", ("none", "none"))  # quantized in the kernel: no operand buffer
+        x_specs = operands.bf16_specs(q.act_mode, tokens, shape.hidden) if xq13 == "none" else []
         partial13 = [((s13, slots, _rows13(shape)), torch.float32)] if s13 > 1 else []
         inter = [((slots, shape.intermediate), torch.bfloat16)]
-        inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate)
+        inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate) if xq2 == "none" else []
         return x_specs + partial13 + inter + inter_specs + [((s2, slots, shape.hidden), torch.float32)]
 
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(self._specs(tokens, config))
 
-    def _plans(self, mt: int, s13: int, s2: int, top_k: int) -> tuple[bytes, bytes]:
+    def _plans(self, mt: int, s13: int, s2: int, top_k: int, config: dict) -> tuple[bytes, bytes]:
         """Both GEMMs' kernel argument blocks: gate/up with the activation fused and its input gathered per
-        slot, down writing float32 slot rows per split for the combine."""
+        slot, down writing float32 slot rows per split for the combine; rows held and quantized where the
+        configuration says (call_config's "held", "x_quant")."""
         shape = self.query.moe
-        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13), shape.intermediate, shape.activation,
-                                  self.w13.row_scale, top_k)  # fmt: skip
-        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", self.w2.row_scale)
+        held13, held2 = config.get("held", (False, False))
+        xq13, xq2 = config.get("x_quant", ("none", "none"))
+        s_in13, s_in2 = self.input_scales
+        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13, resident=held13), shape.intermediate, shape.activation,
+                                  self.w13.row_scale, top_k, xq13, operands.in_kernel_scale(xq13, s_in13))  # fmt: skip
+        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2, resident=held2), 0, "f32", self.w2.row_scale,
+                                x_quant=xq2, x_quant_scale=operands.in_kernel_scale(xq2, s_in2))  # fmt: skip
         return w13, w2
 
     def run(self, x, topk_weights, topk_ids, *, config):
@@ -141,19 +175,22 @@ class TensorCoreMoE(Backend):
         mt = config["tokens"] // 8
         table = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
         carved = workspace.carve(x.device, self._specs(t, config))
-        n_x = len(operands.bf16_specs(q.act_mode, t, shape.hidden))
+        xq13, xq2 = config.get("x_quant", ("none", "none"))
+        n_x = len(operands.bf16_specs(q.act_mode, t, shape.hidden)) if xq13 == "none" else 0
         x_buffers, carved = carved[:n_x], carved[n_x:]
         partial13 = carved.pop(0) if s13 > 1 else None
         inter, *inter_buffers, out = carved
         stream = torch.cuda.current_stream(x.device).cuda_stream
         tickets = workspace.tickets(x.device, self.tickets_needed)
         s_in13, s_in2 = self.input_scales
-        plan13, plan2 = self._plans(mt, s13, s2, k)
+        plan13, plan2 = self._plans(mt, s13, s2, k, config)
 
-        x_in, _ = operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)
+        x_in = x if xq13 != "none" else operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)[0]
         ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
         gemm.launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, table=table)
-        inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
+        inter_in = inter
+        if xq2 == "none":
+            inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
         gemm.launch(plan2, inter_in.contiguous(), None, slots, gemm.MmaWorkspace(out, tickets), stream, table=table)
         y = torch.empty(t, shape.hidden, dtype=torch.bfloat16, device=x.device)
         return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)
