@@ -2,7 +2,7 @@
 torch combine), every MoE format × its activation formats, per b12x backend.
 
     python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,4,16,64,256,1024,4096]
-        [--cases MXFP4:bf16,NVFP4:nvfp4,...] [--backends auto,triton_moe,tensor_core_moe,tensor_core_moe@held]
+        [--cases MXFP4:bf16,NVFP4:nvfp4,...] [--backends auto,triton_moe,tensor_core_moe,tensor_core_moe+held]
         [--emit-table packages/b12x-core/src/b12x_core/crossover.json]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
@@ -42,9 +42,9 @@ from b12x_core.weights import DeviceWeights, as_shards
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
 TOLERANCE = 1.15  # the plan check: dispatched within this of the fastest backend on the plan's weight copy
 BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
-# A --backends name with this suffix times tensor_core_moe with its held rows (HOLDS_ROWS), which no plan picks
-# yet: its rows stay out of the emitted table.
-HELD = "@held"
+# This --backends name times tensor_core_moe with its block rows held (tensor_core_moe.HOLDS_ROWS on); the table
+# then holds those times under it, and tensor_core_moe holds the rows at the token counts where they are faster.
+HELD = tensor_core_moe.HELD
 
 
 def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
@@ -72,16 +72,16 @@ def expert_bytes(w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, experts: int, 
 
 def backend_moe(p, w13, w2, name: str):
     """-> call(x, weights, ids): bc.moe for "auto", else the named backend alone over p's query and weights
-    ("tensor_core_moe@held": that backend with tensor_core_moe.HOLDS_ROWS on while its plan is built)."""
+    (tensor_core_moe with its rows staged, HELD with them held: HOLDS_ROWS forced while the plan is built)."""
     if name == "auto":
         return lambda x, weights, ids: bc.moe(x, weights, ids, p)
-    cls = next(c for c in backends.for_op("moe") if c.name == name.removesuffix(HELD))
+    cls = next(c for c in backends.for_op("moe") if c.name == ("tensor_core_moe" if name == HELD else name))
     ok, why = cls.can_implement(p.plan.query)
     if not ok:
         raise bc.UnsupportedError(f"{name}: {why}")
     weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
                DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
-    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", name.endswith(HELD)):
+    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", name == HELD):
         alone = plan.build(p.plan.query, weights, only=cls)
     return lambda x, weights, ids: alone.for_tokens(x.shape[0]).run(x, weights, ids)
 
@@ -218,7 +218,7 @@ def table(saved: dict) -> list[crossover.Entry]:
     rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
-        if r["backend"] != "auto" and not r["backend"].endswith(HELD):
+        if r["backend"] != "auto":
             key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
             groups[key][r["backend"]][r["t"]].append(r["us"])
     source = f"{saved['device']} {saved['date']}, benchmarks/moe.py"

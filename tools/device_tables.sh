@@ -7,7 +7,8 @@
 # cut short keeps what it measured (the table is merged as it goes).
 #   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
 # linear groups: "shapes[@ms]" separated by ";" (e.g. "8b;70b@1,16,256,4096"), each given LINEAR_SHARES percent
-# (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases;
+# (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases,
+# MOE_BACKENDS its backends (tensor_core_moe+held: the held block rows tensor_core_moe takes where they are faster);
 # PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table),
 # PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
 # OUT gets: run.log (everything), times.txt (each test's seconds), moe.json and linear_<group>.json (raw rows),
@@ -39,7 +40,7 @@ if [ "$moe_shapes" != "-" ]; then
   moe_budget=$(( $(left) * ${MOE_SHARE:-40} / 100 ))
   say "MoE $moe_shapes (budget ${moe_budget} s)"
   timeout $(( moe_budget + 90 )) python3 benchmarks/moe.py --shapes "$moe_shapes" \
-    --backends triton_moe,tensor_core_moe,auto --cases "$cases" --out "$out/moe.json" --png "" --emit-table "$table" \
+    --backends "${MOE_BACKENDS:-triton_moe,tensor_core_moe,tensor_core_moe+held,auto}" --cases "$cases" --out "$out/moe.json" --png "" --emit-table "$table" \
     --budget-s "$moe_budget"
   say "MoE: exit $?"
 fi

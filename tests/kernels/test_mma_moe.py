@@ -185,9 +185,9 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_blocks
     "top_k,experts,hidden,inter", [(8, 128, 2048, 768), (4, 128, 2880, 2880), (8, 256, 7168, 2048)]
 )
 def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypatch, top_k, experts, hidden, inter):
-    """HOLDS_ROWS: a configuration holds a GEMM's block rows only at 8-slot blocks and only where 8 rows over its
-    split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's kernel quantizes the
-    mode; off (the plans' default), no configuration holds or quantizes anything."""
+    """Held rows (HOLDS_ROWS forced on): a configuration holds a GEMM's block rows only at 8-slot blocks and only
+    where 8 rows over its split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's
+    kernel quantizes the mode; forced off, no configuration holds or quantizes anything."""
     from b12x_core.backends import tensor_core_moe
     from b12x_core.tensor_core import geometry
 
@@ -195,6 +195,7 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypat
         shape = MoEShape(experts=experts, hidden=hidden, intermediate=inter, top_k=top_k, activation="silu",
                          w13_order="gate_up", act_mode_2=act, w2_format=fmt)  # fmt: skip
         q = Query("moe", fmt, act, act, H200, n=2 * inter, k=hidden, max_tokens=4096, moe=shape)
+        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
         assert all("held" not in c for _, _, c in TensorCoreMoE.configs(q, 1, 4096))
         monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
         for _, last, config in TensorCoreMoE.configs(q, 1, 4096):
@@ -208,7 +209,29 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypat
                 assert config["held"][i] == fits, (last, config)
                 in_kernel = fits and fmt in gemm.X_QUANT_FORMATS.get(mode, ())
                 assert config["x_quant"][i] == (mode if in_kernel else "none")
-        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
+
+
+@pytest.mark.parametrize("held_faster_at", [(1,), (1, 2), (4, 8), ()])
+def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_faster_at):
+    """Unforced (HOLDS_ROWS None), a token count holds its block rows exactly where the MoE table has
+    tensor_core_moe.HELD faster than the staged tensor_core_moe at that count; with no entry, nowhere."""
+    from b12x_core import crossover
+    from b12x_core.backends import tensor_core_moe
+
+    shape = MoEShape(experts=128, hidden=2048, intermediate=768, top_k=8, activation="silu", w13_order="gate_up",
+                     act_mode_2="mxfp8", w2_format="MXFP4")  # fmt: skip
+    q = Query("moe", "MXFP4", "mxfp8", "mxfp8", H200, n=1536, k=2048, max_tokens=8, moe=shape)
+    ms = (1, 2, 4, 8)
+    staged = tuple(50.0 + 10 * m for m in ms)
+    held = tuple(t + (-3.0 if m in held_faster_at else 3.0) for m, t in zip(ms, staged, strict=True))
+    entry = crossover.Entry((9, 0), "MXFP4", "mxfp8", crossover.shape_class(1536, 2048), ms,
+                            {"tensor_core_moe": staged, tensor_core_moe.HELD: held}, "test", op="moe")  # fmt: skip
+    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", None)
+    monkeypatch.setattr(crossover, "load", lambda *_: (entry,))
+    for m in ms:
+        assert ("held" in TensorCoreMoE.call_config(q, m)) == (m in held_faster_at), m
+    monkeypatch.setattr(crossover, "load", lambda *_: ())
+    assert all("held" not in TensorCoreMoE.call_config(q, m) for m in ms)
 
 
 def test_default_plan_keeps_the_triton_moe_until_measured():
@@ -317,14 +340,16 @@ def test_gpu_tensor_core_moe_matches_reference(rng, fmt, act_format, activation,
 @pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
 @pytest.mark.parametrize("t", [1, 3])  # 2 and 6 slots: blocks of one slot, and of several
 def test_gpu_held_rows_give_the_staged_bits(rng, monkeypatch, fmt, act_format, t):
-    """HOLDS_ROWS: 8-slot blocks hold each GEMM's gathered rows (quantized in the kernel for the pairs it has) and
-    give the same bits as the staged kernels after the operand passes, on the same prepared weights."""
+    """Held rows (HOLDS_ROWS forced on): 8-slot blocks hold each GEMM's gathered rows (quantized in the kernel for the
+    pairs it has) and give the same bits as the staged kernels (forced off) after the operand passes, on the same
+    prepared weights."""
     from b12x_core.backends import tensor_core_moe
 
     inter = 256 if bf.spec(fmt).packing == "ggml" else 192
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, "silu", e=8, h=512, inter=inter, t=t, top_k=2)
     kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format=act_format)
     p = prepared_on_cuda(w13, w2, **kw)
+    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
     staged = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
     monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
     held = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)

@@ -8,9 +8,10 @@ per GEMM over every touched expert.
 - down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
   and each token's top-k rows in order: deterministic, no atomics on data.
 - The intermediate's mxfp8 / nvfp4 quantization runs between them (b12x_kernels.act_quant), as the Triton path.
-- Held rows (HOLDS_ROWS, off in the plans until the MoE tables are measured with it): at 8-slot blocks each GEMM
-  can hold its block's gathered rows over its split's K in shared memory (the dense path's resident form), and
-  then quantizes them there for the modes its format pairs with (gemm.X_QUANT_FORMATS), with no operand pass.
+- Held rows: at 8-slot blocks each GEMM can hold its block's gathered rows over its split's K in shared memory (the
+  dense path's resident form), and then quantizes them there for the modes its format pairs with
+  (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
+  backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
 Configuration per token count: the token tile from the mean slots per expert, each GEMM's K split from the
 expected busy blocks (even waves over SMs × CTAs per SM), the routing table's maker as the Triton path's.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import workspace
+from .. import crossover, workspace
 from ..moe_blocks import block_table, decode_kernels, table_maker
 from ..tensor_core import experts, gemm, geometry, layout
 from ..weights import mma_activation_factor
@@ -28,11 +29,13 @@ from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
 MODES = ("bf16", "mxfp8", "nvfp4")
-# Whether plans built now hold each GEMM's block rows at 8-slot blocks and quantize them in the kernel (call_config's
-# "held" and "x_quant"). The kernel's grouped resident form is GPU-tested (test_mma_moe.py, bit-identical to the
-# staged one and to the operand pass); off until benchmarks/moe.py has measured it into the MoE tables, so that no
-# plan picks what its table has not timed (moe.py's "tensor_core_moe@held" times it beside the staged plans).
-HOLDS_ROWS = False
+# The MoE table's name for this backend's times with held rows at 8-slot blocks (call_config's "held" and
+# "x_quant"; benchmarks/moe.py measures it as a candidate beside the staged times). Measured on the H200 (2026-12-04,
+# docs/performance.md) it is mixed: 3-5% faster where it saves the quantize passes (MXFP4 x mxfp8), 1-4% slower with
+# bf16 activations (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
+HELD = "tensor_core_moe+held"
+# True / False forces held rows on / off (tests, and moe.py while it times each form); None: the table decides.
+HOLDS_ROWS: bool | None = None
 
 
 def _rows13(shape) -> int:
@@ -94,9 +97,22 @@ class TensorCoreMoE(Backend):
             splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)))
         route = table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
-        if HOLDS_ROWS and mt == 1:
+        if mt == 1 and cls._holds(query, tokens):
             config.update(cls._held(query, slots, splits))
         return config
+
+    @classmethod
+    def _holds(cls, query, tokens: int) -> bool:
+        """Whether calls of `tokens` tokens hold their rows: HOLDS_ROWS where set, else where the measured MoE table
+        has HELD faster than this backend's staged time at that count (interpolated as the plans read it)."""
+        if HOLDS_ROWS is not None:
+            return HOLDS_ROWS
+        found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
+        if found is None:
+            return False
+        entry = found[0]
+        held, staged = entry.time(HELD, tokens)[0], entry.time(cls.name, tokens)[0]
+        return held is not None and staged is not None and held < staged
 
     @staticmethod
     def _held(query, slots: int, splits: list[int]) -> dict:
