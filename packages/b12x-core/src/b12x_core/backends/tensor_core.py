@@ -34,7 +34,7 @@ IN_KERNEL_QUANT: frozenset[str] = frozenset(gemm.X_QUANT_FORMATS)
 def quantizes_in_kernel(fmt: str, act_mode: str, config: gemm.MmaConfig) -> bool:
     """Whether a call under `config` quantizes its activations inside the kernel instead of an operand pass first:
     resident configurations of the pairs the kernels quantize (gemm.X_QUANT_FORMATS)."""
-    return config.resident and act_mode in IN_KERNEL_QUANT and fmt in gemm.X_QUANT_FORMATS[act_mode]
+    return config.resident and act_mode in IN_KERNEL_QUANT and gemm.quantizes(fmt, act_mode)
 
 
 class TensorCoreGemm(Backend):

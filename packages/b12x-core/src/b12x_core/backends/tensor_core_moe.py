@@ -123,12 +123,9 @@ class TensorCoreMoE(Backend):
         held, modes = [], []
         for fmt, k, splits_k, mode in ((query.format, shape.hidden, splits[0], query.act_mode),
                                        (shape.w2_format, shape.intermediate, splits[1], shape.act_mode_2)):  # fmt: skip
-            chunk = geometry.chunk_k(fmt)
-            chunks = -(-k // chunk)
-            split_k = -(-chunks // splits_k) * chunk  # the K one split holds
-            holds = min(slots, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+            holds = gemm.held_rows_fit(fmt, slots, -(-k // geometry.chunk_k(fmt)), splits_k)
             held.append(holds)
-            modes.append(mode if holds and fmt in gemm.X_QUANT_FORMATS.get(mode, ()) else "none")
+            modes.append(mode if holds and gemm.quantizes(fmt, mode) else "none")
         return {"held": tuple(held), "x_quant": tuple(modes)}
 
     @classmethod
@@ -154,15 +151,21 @@ class TensorCoreMoE(Backend):
     def _specs(self, tokens: int, config: dict) -> list:
         """Scratch: quantized x; gate/up split sums (float32); the intermediate and its quantized copy; the
         down GEMM's float32 slot rows per split (the combine's input)."""
-        q, shape = self.query, self.query.moe
+        shape = self.query.moe
         slots = tokens * shape.top_k
         s13, s2 = config["splits"]
-        xq13, xq2 = config.get("x_quant", ("none", "none"))  # quantized in the kernel: no operand buffer
-        x_specs = operands.bf16_specs(q.act_mode, tokens, shape.hidden) if xq13 == "none" else []
+        xq2 = config.get("x_quant", ("none", "none"))[1]  # quantized in the kernel: no operand buffer
+        x_specs = self._x_specs(tokens, config)
         partial13 = [((s13, slots, _rows13(shape)), torch.float32)] if s13 > 1 else []
         inter = [((slots, shape.intermediate), torch.bfloat16)]
         inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate) if xq2 == "none" else []
         return x_specs + partial13 + inter + inter_specs + [((s2, slots, shape.hidden), torch.float32)]
+
+    def _x_specs(self, tokens: int, config: dict) -> list:
+        """The gate/up input's operand pass buffers, none where the kernel quantizes x itself (x_quant)."""
+        if config.get("x_quant", ("none", "none"))[0] != "none":
+            return []
+        return operands.bf16_specs(self.query.act_mode, tokens, self.query.moe.hidden)
 
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(self._specs(tokens, config))
@@ -192,7 +195,7 @@ class TensorCoreMoE(Backend):
         table = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
         carved = workspace.carve(x.device, self._specs(t, config))
         xq13, xq2 = config.get("x_quant", ("none", "none"))
-        n_x = len(operands.bf16_specs(q.act_mode, t, shape.hidden)) if xq13 == "none" else 0
+        n_x = len(self._x_specs(t, config))
         x_buffers, carved = carved[:n_x], carved[n_x:]
         partial13 = carved.pop(0) if s13 > 1 else None
         inter, *inter_buffers, out = carved

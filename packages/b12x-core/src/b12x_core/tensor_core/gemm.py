@@ -194,11 +194,22 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
     """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
     tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS and for the pairs the kernel
     quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16."""
-    past_one = fmt in RESIDENT_FORMATS or fmt in X_QUANT_FORMATS.get(act_mode, ())
+    past_one = fmt in RESIDENT_FORMATS or quantizes(fmt, act_mode)
     if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
-    split_k = -(-chunks // config.splits) * chunk_k(fmt)
-    return min(m, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
+    return held_rows_fit(fmt, m, chunks, config.splits)
+
+
+def quantizes(fmt: str, act_mode: str) -> bool:
+    """Whether `fmt`'s resident kernel quantizes `act_mode` activations itself (X_QUANT_FORMATS)."""
+    return fmt in X_QUANT_FORMATS.get(act_mode, ())
+
+
+def held_rows_fit(fmt: str, rows: int, chunks: int, splits: int) -> bool:
+    """Whether a tile's held rows (`rows`, at most 8 a tile: tokens, or a block's slots) over one of `splits` K splits
+    of `chunks` chunks stay within RESIDENT_MAX_BYTES of bf16 (the bytes measured)."""
+    split_k = -(-chunks // splits) * chunk_k(fmt)
+    return min(rows, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
 
 
 def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16) -> MmaConfig:
