@@ -17,6 +17,8 @@ import unittest.mock
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from closeness import close
 from graphs import capture
 
@@ -31,7 +33,7 @@ from b12x_core.backends import DeviceInfo  # noqa: E402
 from b12x_core.backends.reference import expert_activation, moe_reference  # noqa: E402
 from b12x_core.backends.triton_moe import TritonMoE, call_config  # noqa: E402
 from b12x_core.moe import MOE_FORMATS  # noqa: E402
-from b12x_core.moe_blocks import block_table, block_table_torch  # noqa: E402
+from b12x_core.moe_blocks import block_table, block_table_torch, max_blocks  # noqa: E402
 from b12x_core.weights import DeviceWeights, as_shards  # noqa: E402
 
 CASES = [(fmt, act) for fmt, acts in MOE_FORMATS.items() for act in acts]
@@ -134,7 +136,7 @@ def test_block_table_covers_every_slot_once():
     order, blocks = block_table(ids, experts=5, rows_per_block=2, route="torch")
     assert blocks.dtype == torch.int32 and blocks.shape[0] == 3 and blocks.is_contiguous()  # one pointer for kernels
     expert, start, rows = blocks
-    assert expert.numel() == -(-10 // 2) + 5  # a fixed launch whatever the routing
+    assert expert.numel() == max_blocks(10, 5, 2)  # a fixed launch whatever the routing
     covered = []
     for b in range(expert.numel()):
         if expert[b] < 0:
@@ -144,6 +146,37 @@ def test_block_table_covers_every_slot_once():
             assert int(ids.reshape(-1)[slot]) == int(expert[b])
             covered.append(slot)
     assert sorted(covered) == list(range(10))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_block_table_launches_the_fewest_blocks_any_routing_needs(data):
+    """max_blocks is the tight bound: the table of any routing covers every slot in that many blocks (idle blocks
+    last), and the worst routing (each touched expert one slot past a multiple of R) fills exactly that many."""
+    experts = data.draw(st.integers(1, 160))
+    top_k = data.draw(st.integers(1, min(8, experts)))
+    tokens = data.draw(st.integers(1, 40))
+    rows = data.draw(st.sampled_from([1, 2, 8, 16, 64]))
+    slots = tokens * top_k
+    most = max_blocks(slots, experts, rows)
+    assert most <= -(-slots // rows) + experts
+    chosen = data.draw(st.lists(st.integers(0, experts - 1), min_size=slots, max_size=slots))
+    ids = torch.tensor(chosen, dtype=torch.int32).reshape(tokens, top_k)
+    order, (expert, start, count) = block_table_torch(ids, experts, rows)
+    live = int((expert >= 0).sum())
+    assert expert.numel() == most and live <= most and bool((expert[live:] < 0).all())
+    assert int(count[:live].sum()) == slots and sorted(order.tolist()) == list(range(slots))
+    # the worst routing: every touched expert one slot, the rest R at a time (each R a block more), the remainder
+    # (< R) on expert 0, where it adds no block
+    touched = min(experts, slots)
+    per = [1] * touched
+    for i in range((slots - touched) // rows):
+        per[i % touched] += rows
+    per[0] += slots - sum(per)
+    worst = torch.tensor([e for e in range(touched) for _ in range(per[e])], dtype=torch.int32)
+    worst = worst[torch.from_numpy(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).permutation(slots))]
+    expert = block_table_torch(worst.reshape(tokens, top_k), experts, rows)[1][0]
+    assert int((expert >= 0).sum()) == most
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,rows_per_block", [(1, 8, 128, 16), (7, 2, 5, 16), (64, 8, 256, 16),

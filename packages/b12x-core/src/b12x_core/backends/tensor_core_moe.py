@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import crossover, workspace
-from ..moe_blocks import block_table, decode_kernels, table_maker
+from ..moe_blocks import block_table, decode_kernels, max_blocks, table_maker
 from ..tensor_core import experts, gemm, geometry, layout
 from ..weights import mma_activation_factor
 from . import operands
@@ -135,7 +135,7 @@ class TensorCoreMoE(Backend):
     @staticmethod
     def table_blocks(query, tokens: int, config: dict) -> int:
         """Entries of the block table a call of `tokens` tokens launches over (the most any routing needs)."""
-        return -(-tokens * query.moe.top_k // config["tokens"]) + query.moe.experts
+        return max_blocks(tokens * query.moe.top_k, query.moe.experts, config["tokens"])
 
     @classmethod
     def tickets(cls, query, rows) -> int:

@@ -2,7 +2,7 @@
 activation fused into the first), and a deterministic combine.
 
 No host synchronisation: the sort, the per-expert counts and the block table are made on the device, and the
-launch covers the most blocks any routing can need (⌈T·k / BLOCK_M⌉ + E); blocks past the routing's work exit at
+launch covers the most blocks any routing can need (moe_blocks.max_blocks); blocks past the routing's work exit at
 once. So a call captures in a CUDA graph for a given T. The down GEMM writes each slot's row in place; one
 combine kernel sums each token's k rows in slot order in float32 (no atomics: repeated calls are bit-identical).
 
