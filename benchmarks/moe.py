@@ -21,6 +21,7 @@ entries of the same key, so the plan picks the faster MoE backend per token coun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 import unittest.mock
@@ -34,7 +35,7 @@ from decode_linear import copy_bandwidth, device_facts, random_weight, reuse_rep
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import backends, crossover, plan
+from b12x_core import backends, crossover, moe_blocks, plan
 from b12x_core.backends import tensor_core_moe
 from b12x_core.moe import MOE_FORMATS
 from b12x_core.weights import DeviceWeights, as_shards
@@ -45,6 +46,7 @@ BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to
 # This --backends name times tensor_core_moe with its block rows held (tensor_core_moe.HOLDS_ROWS on); the table
 # then holds those times under it, and tensor_core_moe holds the rows at the token counts where they are faster.
 HELD = tensor_core_moe.HELD
+LOOSE = "@loose"  # a backend name's suffix: the same backend with the block tables' old size (backend_moe)
 
 
 def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
@@ -70,20 +72,43 @@ def expert_bytes(w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, experts: int, 
     return (w13.nbytes + w2.nbytes) // experts * touched
 
 
+def loose_blocks(slots: int, experts: int, rows_per_block: int) -> int:
+    """The block table's size before moe_blocks.max_blocks (⌈S/R⌉ + E), for the "@loose" A/B."""
+    return -(-slots // rows_per_block) + experts
+
+
+def loose_tables():
+    """Patches the block tables (and the tickets the plan reserves for them) to their old, loose size."""
+    stack = contextlib.ExitStack()
+    for module in (moe_blocks, tensor_core_moe):
+        stack.enter_context(unittest.mock.patch.object(module, "max_blocks", loose_blocks))
+    return stack
+
+
 def backend_moe(p, w13, w2, name: str):
     """-> call(x, weights, ids): bc.moe for "auto", else the named backend alone over p's query and weights
-    (tensor_core_moe with its rows staged, HELD with them held: HOLDS_ROWS forced while the plan is built)."""
+    (tensor_core_moe with its rows staged, HELD with them held: HOLDS_ROWS forced while the plan is built; a name
+    ending "@loose" runs it with the block tables' old size, ⌈T·k / R⌉ + E, an A/B the table leaves out)."""
     if name == "auto":
         return lambda x, weights, ids: bc.moe(x, weights, ids, p)
-    cls = next(c for c in backends.for_op("moe") if c.name == ("tensor_core_moe" if name == HELD else name))
+    base, loose = name.removesuffix(LOOSE), name.endswith(LOOSE)
+    cls = next(c for c in backends.for_op("moe") if c.name == ("tensor_core_moe" if base == HELD else base))
     ok, why = cls.can_implement(p.plan.query)
     if not ok:
         raise bc.UnsupportedError(f"{name}: {why}")
     weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
                DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
-    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", name == HELD):
+    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", base == HELD), \
+            loose_tables() if loose else contextlib.nullcontext():  # fmt: skip
         alone = plan.build(p.plan.query, weights, only=cls)
-    return lambda x, weights, ids: alone.for_tokens(x.shape[0]).run(x, weights, ids)
+    if not loose:
+        return lambda x, weights, ids: alone.for_tokens(x.shape[0]).run(x, weights, ids)
+
+    def call(x, weights, ids):
+        with loose_tables():  # the table is made inside the captured call
+            return alone.for_tokens(x.shape[0]).run(x, weights, ids)
+
+    return call
 
 
 def main() -> None:
@@ -218,7 +243,7 @@ def table(saved: dict) -> list[crossover.Entry]:
     rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
-        if r["backend"] != "auto":
+        if r["backend"] != "auto" and not r["backend"].endswith(LOOSE):
             key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
             groups[key][r["backend"]][r["t"]].append(r["us"])
     source = f"{saved['device']} {saved['date']}, benchmarks/moe.py"

@@ -17,10 +17,10 @@ import unittest.mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from closeness import close
 from graphs import capture
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import b12x_core as bc
 import b12x_formats as bf

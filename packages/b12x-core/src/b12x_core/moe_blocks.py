@@ -1,14 +1,14 @@
 """The fused MoE's routing block table, shared by both MoE backends (Triton's grouped tiles and the tensor-core
 GEMM's grouped form) and read by their kernels: token slots sorted by expert, cut into blocks of one expert each.
 
-A table for S = T·k slots has at most (S + U·(R − 1)) / R blocks with work (`max_blocks`: R rows a block, U ≤ min(E,
-S) experts touched, each one's last block perhaps partial), so a launch over that many blocks covers any routing with
-no host synchronisation; blocks past the routing's work have expert −1 and exit at once. (The bound is the tight one:
-⌈S / R⌉ + E, which it replaced, launched 129 blocks for 8 slots over 128 experts, 121 of them idle CTAs in every
-column and K split of both GEMMs at one token.) The table is one int32 [3, blocks] tensor (rows: the block's expert, its first
-sorted position, its slot count), so a kernel reads it from one pointer. It is made on the device by one Triton
-launch (b12x_kernels.moe_route, up to its MAX_SLOTS slots) or by torch ops (a parallel sort, any size): the same
-table either way.
+A table for S = T·k slots has at most (S + U·(R − 1)) / R blocks with work (`max_blocks`: R rows a block, U ≤
+min(E, S) experts touched, each one's last block perhaps partial), so a launch over that many blocks covers any
+routing with no host synchronisation; blocks past the routing's work have expert −1 and exit at once. (The bound is
+the tight one: ⌈S / R⌉ + E, which it replaced, launched 129 blocks for 8 slots over 128 experts, 121 of them idle
+CTAs in every column and K split of both GEMMs at one token.) The table is one int32 [3, blocks] tensor (rows: the
+block's expert, its first sorted position, its slot count), so a kernel reads it from one pointer. It is made on the
+device by one Triton launch (b12x_kernels.moe_route, up to its MAX_SLOTS slots) or by torch ops (a parallel sort,
+any size): the same table either way.
 """
 
 from __future__ import annotations
