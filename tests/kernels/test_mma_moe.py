@@ -169,16 +169,33 @@ def test_declines_off_cuda():
     assert not ok and "CUDA" in reason
 
 
-@pytest.mark.parametrize("top_k,experts", [(8, 128), (4, 128), (8, 256)])
-def test_configurations_cover_every_token_count_and_split_k_only_when_few_blocks(top_k, experts):
-    query = _query(H200, 4096, top_k=top_k, experts=experts)
+@pytest.mark.parametrize("top_k,experts,hidden,inter", [(8, 128, 2048, 768), (4, 128, 2048, 768), (8, 256, 2048, 768),
+                                                       (1, 4, 4096, 128), (2, 8, 512, 256)])  # fmt: skip
+def test_configurations_cover_every_token_count_and_split_k_only_when_few_tiles(top_k, experts, hidden, inter):
+    """K is split only where a GEMM's expected busy output tiles (busy table blocks × 128-row tiles) fill less than
+    SPLIT_BELOW_SMS of the SMs: the model-sized layers keep it whole at every token count, small ones split at one
+    token."""
+    from b12x_core.backends import tensor_core_moe
+
+    query = _query(H200, 4096, top_k=top_k, experts=experts, hidden=hidden, intermediate=inter)
     rows = TensorCoreMoE.configs(query, 1, 4096)
     assert rows[0][0] == 1 and rows[-1][1] == 4096
     assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))
     first, last = rows[0][2], rows[-1][2]
-    assert first["tokens"] == 8 and first["splits"][0] > 1  # one token: 8-slot blocks, K split to fill SMs
-    assert last["tokens"] == 32 and last["splits"] == (1, 1)  # 4096 tokens fill the GPU many times over
-    assert TensorCoreMoE.tickets(query, rows) >= TensorCoreMoE.table_blocks(query, rows[0][1], first) * 2 * 768 // 128
+    assert first["tokens"] == 8  # one token: 8-slot blocks
+    busy = min(top_k, experts)  # one token's busy blocks
+    for tiles, split in (
+        (busy * -(-2 * inter // 128), first["splits"][0]),
+        (busy * -(-hidden // 128), first["splits"][1]),
+    ):
+        if tiles >= tensor_core_moe.SPLIT_BELOW_SMS * H200.sms:
+            assert split == 1, (tiles, split)
+    if (top_k, experts, hidden, inter) == (1, 4, 4096, 128):  # two busy tiles over 32 chunks: split to fill SMs
+        assert first["splits"][0] > 1
+    assert last["splits"] == (1, 1)  # 4096 tokens fill the GPU many times over
+    if first["splits"][0] > 1:
+        blocks = TensorCoreMoE.table_blocks(query, rows[0][1], first)
+        assert TensorCoreMoE.tickets(query, rows) >= blocks * -(-2 * inter // 128)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,9 @@ per GEMM over every touched expert.
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
-Configuration per token count: the token tile from the mean slots per expert, each GEMM's K split from the
-expected busy blocks (even waves over SMs × CTAs per SM), the routing table's maker as the Triton path's.
+Configuration per token count: the token tile from the mean slots per expert; each GEMM's K whole unless its
+expected busy output tiles fill less than half the SMs (then split for even waves over SMs × CTAs per SM); the
+routing table's maker as the Triton path's.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ MODES = ("bf16", "mxfp8", "nvfp4")
 # docs/performance.md) it is mixed: 3-5% faster where it saves the quantize passes (MXFP4 x mxfp8), 1-4% slower with
 # bf16 activations (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
 HELD = "tensor_core_moe+held"
+# A GEMM splits K only where its busy output tiles fill less than this share of the SMs. Measured on the H200
+# (benchmarks/moe_splits.py, 2026-12-04, docs/performance.md): with 92-128 busy tiles on 132 SMs (Qwen3-30B-A3B- and
+# gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every point, and the even-wave
+# splits cost up to 14% (Qwen3-like MXFP4 at 4 tokens: 60.0 against 52.0 us): the block table's experts already
+# spread the GEMM over the SMs, and each split adds partial sums and their reduction.
+SPLIT_BELOW_SMS = 0.5
 # True / False forces held rows on / off (tests, and moe.py while it times each form); None: the table decides.
 HOLDS_ROWS: bool | None = None
 
@@ -94,7 +101,8 @@ class TensorCoreMoE(Backend):
                                                                              shape.intermediate)):  # fmt: skip
             tiles = geometry.output_tiles(busy_blocks, n)
             chunks = -(-k // geometry.chunk_k(fmt))
-            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)))
+            few = tiles < query.device.sms * SPLIT_BELOW_SMS
+            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)) if few else 1)
         route = table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
         if mt == 1 and cls._holds(query, tokens):
