@@ -36,7 +36,7 @@ MODES = ("bf16", "mxfp8", "nvfp4")
 # bf16 activations (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
 HELD = "tensor_core_moe+held"
 # A GEMM splits K only where its busy output tiles fill less than this share of the SMs. Measured on the H200
-# (benchmarks/moe_splits.py, 2026-12-04, docs/performance.md): with 92-128 busy tiles on 132 SMs (Qwen3-30B-A3B- and
+# (benchmarks/moe_splits.py, 2026-12-04, docs/performance.md): with 92-180 busy tiles on 132 SMs (Qwen3-30B-A3B- and
 # gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every point, and the even-wave
 # splits cost up to 14% (Qwen3-like MXFP4 at 4 tokens: 60.0 against 52.0 us): the block table's experts already
 # spread the GEMM over the SMs, and each split adds partial sums and their reduction.
