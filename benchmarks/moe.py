@@ -72,6 +72,18 @@ def expert_bytes(w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, experts: int, 
     return (w13.nbytes + w2.nbytes) // experts * touched
 
 
+def with_input_scale(w13: bf.QuantizedWeight, w2: bf.QuantizedWeight, experts: int):
+    """Both expert weights with the per-expert activation scale an nvfp4 checkpoint carries."""
+    scale = {"input_scale": np.full(experts, 0.01, np.float32)}
+    return tuple(bf.QuantizedWeight.from_tensors(w.format, {**w.tensors, **scale}) for w in (w13, w2))
+
+
+def device_weights(p, w13: bf.QuantizedWeight, w2: bf.QuantizedWeight) -> tuple:
+    """A fresh device copy of both expert weights in the modes of the prepared MoE `p` (a backend built alone)."""
+    return (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
+            DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
+
+
 def loose_blocks(slots: int, experts: int, rows_per_block: int) -> int:
     """The block table's size before moe_blocks.max_blocks (⌈S/R⌉ + E), for the "@loose" A/B."""
     return -(-slots // rows_per_block) + experts
@@ -96,8 +108,7 @@ def backend_moe(p, w13, w2, name: str):
     ok, why = cls.can_implement(p.plan.query)
     if not ok:
         raise bc.UnsupportedError(f"{name}: {why}")
-    weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
-               DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
+    weights = device_weights(p, w13, w2)
     with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", base == HELD), \
             loose_tables() if loose else contextlib.nullcontext():  # fmt: skip
         alone = plan.build(p.plan.query, weights, only=cls)
@@ -164,8 +175,7 @@ def main() -> None:
             w2 = random_weight(fmt, h, inter, (e,))
             for act in (a for f, a in cases if f == fmt):
                 if act == "nvfp4":  # the checkpoint's per-expert activation scale
-                    scale = {"input_scale": np.full(e, 0.01, np.float32)}
-                    w13, w2 = (bf.QuantizedWeight.from_tensors(fmt, {**w.tensors, **scale}) for w in (w13, w2))
+                    w13, w2 = with_input_scale(w13, w2, e)
                 names = [b for b in args.backends.split(",") if b != "auto"]
                 names += ["auto"] if "auto" in args.backends.split(",") else []  # last: after the table has these
                 kw = dict(max_tokens=max(ts), top_k=k, act_format=act, device="cuda")

@@ -17,17 +17,14 @@ import itertools
 import json
 import unittest.mock
 
-import numpy as np
 import torch
 from decode_linear import device_facts, random_weight, reuse_repacks, time_graph
-from moe import SHAPES
+from moe import SHAPES, device_weights, with_input_scale
 
 import b12x_core as bc
-import b12x_formats as bf
 from b12x_core import backends, plan, workspace
 from b12x_core.backends import tensor_core_moe
 from b12x_core.tensor_core import geometry
-from b12x_core.weights import DeviceWeights, as_shards
 
 
 def split_choices(fmt: str, k: int, most: int = 8) -> list[int]:
@@ -69,15 +66,10 @@ def main() -> None:
             fmt, act = case.split(":")
             w13, w2 = random_weight(fmt, 2 * inter, h, (e,)), random_weight(fmt, h, inter, (e,))
             if act == "nvfp4":
-                scale = {"input_scale": np.full(e, 0.01, np.float32)}
-                w13, w2 = (bf.QuantizedWeight.from_tensors(fmt, {**w.tensors, **scale}) for w in (w13, w2))
+                w13, w2 = with_input_scale(w13, w2, e)
             probe = bc.prepare_moe(w13, w2, max_tokens=max(ts), top_k=k, act_format=act, device="cuda")
             query = probe.plan.query
-            copies = []
-            for _ in range(2):
-                weights = (DeviceWeights(as_shards(w13), probe.act_mode_13, probe.input_scale_13, probe.device),
-                           DeviceWeights([w2], probe.act_mode_2, probe.input_scale_2, probe.device))  # fmt: skip
-                copies.append(plan.build(query, weights, only=cls))
+            copies = [plan.build(query, device_weights(probe, w13, w2), only=cls) for _ in range(2)]
             s13s, s2s = split_choices(fmt, h), split_choices(fmt, inter)
             for t in ts:
                 weights_t, ids = bc.route_topk(torch.randn(t, e, device="cuda"), k)
