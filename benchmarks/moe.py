@@ -47,6 +47,7 @@ BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to
 # then holds those times under it, and tensor_core_moe holds the rows at the token counts where they are faster.
 HELD = tensor_core_moe.HELD
 LOOSE = "@loose"  # a backend name's suffix: the same backend with the block tables' old size (backend_moe)
+UNFUSED = "@unfused"  # a suffix: tensor_core_moe with the table and the combine launched apart (FUSES off)
 
 
 def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
@@ -100,9 +101,12 @@ def loose_tables():
 def backend_moe(p, w13, w2, name: str):
     """-> call(x, weights, ids): bc.moe for "auto", else the named backend alone over p's query and weights
     (tensor_core_moe with its rows staged, HELD with them held: HOLDS_ROWS forced while the plan is built; a name
-    ending "@loose" runs it with the block tables' old size, ⌈T·k / R⌉ + E, an A/B the table leaves out)."""
+    ending "@loose" runs it with the block tables' old size, ⌈T·k / R⌉ + E, one ending "@unfused" with the routing
+    table and the combine in launches of their own (tensor_core_moe.FUSES off): A/Bs the table leaves out)."""
     if name == "auto":
         return lambda x, weights, ids: bc.moe(x, weights, ids, p)
+    unfused = name.endswith(UNFUSED)
+    name = name.removesuffix(UNFUSED)
     base, loose = name.removesuffix(LOOSE), name.endswith(LOOSE)
     cls = next(c for c in backends.for_op("moe") if c.name == ("tensor_core_moe" if base == HELD else base))
     ok, why = cls.can_implement(p.plan.query)
@@ -110,6 +114,7 @@ def backend_moe(p, w13, w2, name: str):
         raise bc.UnsupportedError(f"{name}: {why}")
     weights = device_weights(p, w13, w2)
     with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", base == HELD), \
+            unittest.mock.patch.object(tensor_core_moe, "FUSES", False if unfused else None), \
             loose_tables() if loose else contextlib.nullcontext():  # fmt: skip
         alone = plan.build(p.plan.query, weights, only=cls)
     if not loose:
@@ -253,7 +258,7 @@ def table(saved: dict) -> list[crossover.Entry]:
     rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
-        if r["backend"] != "auto" and not r["backend"].endswith(LOOSE):
+        if r["backend"] != "auto" and not r["backend"].endswith((LOOSE, UNFUSED)):
             key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
             groups[key][r["backend"]][r["t"]].append(r["us"])
     source = f"{saved['device']} {saved['date']}, benchmarks/moe.py"

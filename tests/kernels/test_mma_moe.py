@@ -286,6 +286,24 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
         (dict(format=format_id("FP8"), chunks=4, resident=1, x_quant=1), {}, "positive and finite"),
         (dict(format=format_id("NVFP4"), resident=1, x_quant=3, x_quant_scale=float("inf")), {}, "positive and finite"),
         (dict(N=40), dict(order=16, table=16, blocks=4), "N % 16"),
+        ({}, dict(ids=16, experts=8, blocks=2, order=16, table=16), "not both"),
+        ({}, dict(ids=16, experts=8, blocks=0), "routed in the kernel"),
+        ({}, dict(ids=16, experts=0, blocks=2), "routed in the kernel"),
+        ({}, dict(ids=16, experts=1025, blocks=2), "routed in the kernel"),
+        ({}, dict(ids=16, experts=8, blocks=2, M=1025), "routed in the kernel"),
+        (dict(N=40), dict(ids=16, experts=8, blocks=2), "routed in the kernel"),
+        ({}, dict(ids=16, experts=8, blocks=2, combine_w=16, combine_k=1, tickets=16), "combine .* needs the f32"),
+        (dict(epilogue=3), dict(partials=16, combine_w=16, combine_k=1, tickets=16), "combine .* needs the f32"),
+        (
+            dict(epilogue=3),
+            dict(partials=16, ids=16, experts=8, blocks=2, combine_w=16, combine_k=1),
+            "combine .* needs the f32",
+        ),
+        (
+            dict(epilogue=3),
+            dict(partials=16, ids=16, experts=8, blocks=2, combine_w=16, combine_k=2, M=3, tickets=16),
+            "multiple of combine_k",
+        ),
         ("short", {}, "interface.h differ"),
     ],
 )
@@ -378,6 +396,59 @@ def test_gpu_held_rows_give_the_staged_bits(rng, monkeypatch, fmt, act_format, t
     y = held.run(x, weights, ids)
     assert torch.equal(y, staged.run(x, weights, ids))
     assert torch.equal(held.run(x, weights, ids), y)  # deterministic
+
+
+def test_fused_routing_and_combine_only_for_decode_sized_calls(monkeypatch):
+    """Up to FUSED_MAX_SLOTS slots a call routes in its GEMMs and combines in the down GEMM (route "gemm"), past it
+    the table is made apart; forced off, never; forced on, up to the kernel's routing limits. The tickets the plan
+    reserves cover the down GEMM's output tiles wherever a row is fused."""
+    from b12x_core.backends import tensor_core_moe
+    from b12x_kernels import interface
+
+    for top_k, n_experts, hidden in ((8, 128, 2048), (4, 128, 2880), (8, 1025, 2048)):
+        query = _query(H200, 4096, top_k=top_k, experts=n_experts, hidden=hidden, intermediate=768)
+        for fuses in (None, False, True):
+            monkeypatch.setattr(tensor_core_moe, "FUSES", fuses)
+            rows = TensorCoreMoE.configs(query, 1, 4096)
+            for first, last, config in rows:
+                for t in (first, last):
+                    slots = t * top_k
+                    limits = slots <= interface.ROUTE_MAX_SLOTS and n_experts <= interface.ROUTE_MAX_EXPERTS
+                    wanted = fuses if fuses is not None else slots <= tensor_core_moe.FUSED_MAX_SLOTS
+                    assert (config["route"] == "gemm") == (limits and wanted), (fuses, t, config)
+            if any(config["route"] == "gemm" for _, _, config in rows):
+                assert TensorCoreMoE.tickets(query, rows) >= -(-hidden // 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act_format,e,h,inter", [("NVFP4", "nvfp4", 8, 512, 192), ("IQ2_XS", "bf16", 8, 512, 256),
+                                                      ("MXFP4", "mxfp8", 300, 128, 64)])  # fmt: skip
+@pytest.mark.parametrize("t,routing", [(1, "random"), (1, "one expert"), (3, "random"), (16, "one expert"),
+                                       (16, "random"), (64, "random")])  # fmt: skip
+def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, fmt, act_format, e, h, inter, t,
+                                                             routing):  # fmt: skip
+    """Routed in the GEMMs and combined in the down GEMM (FUSES on) against the table and the combine launched apart
+    (off): the same bits, for random routing and for every slot on one expert (several blocks of one expert, idle
+    CTAs taking their tickets), over more experts than a CTA has threads (300), held rows and staged."""
+    from b12x_core.backends import tensor_core_moe
+
+    x, w13, w2, weights, ids = problem(rng, fmt, act_format, "silu", e=e, h=h, inter=inter, t=t, top_k=2)
+    if routing == "one expert":
+        ids = torch.full_like(ids, int(rng.integers(0, e)))
+    kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format=act_format)
+    p = prepared_on_cuda(w13, w2, **kw)
+    x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
+    for holds in (False, True):
+        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", holds)
+        monkeypatch.setattr(tensor_core_moe, "FUSES", False)
+        apart = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+        monkeypatch.setattr(tensor_core_moe, "FUSES", True)
+        fused = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+        assert fused.config["route"] == "gemm" and apart.config["route"] != "gemm"
+        workspace.poison(torch.device("cuda"))
+        y = fused.run(x, weights, ids)
+        assert torch.equal(y, apart.run(x, weights, ids)), holds
+        assert torch.equal(fused.run(x, weights, ids), y)  # deterministic, tickets left at zero
 
 
 @pytest.mark.gpu

@@ -52,6 +52,17 @@ struct MmaCall {
   const int* order;
   const int* table;
   int blocks;
+  // Grouped and routed in the kernel (mma_gemm only) when `ids` is set instead of `order` and `table`: ids int32 [M],
+  // each slot's expert (0 .. experts − 1; M <= MMA_ROUTE_MAX_SLOTS, experts <= MMA_ROUTE_MAX_EXPERTS), and the launch
+  // covers `blocks` table blocks (b12x_core.moe_blocks.max_blocks). Each CTA finds its block of the table above
+  // itself, so no launch makes the table.
+  const int* ids;
+  int experts;
+  // The fused MoE's combine in the down GEMM (mma_gemm, grouped, MMA_OUT_F32) when set: y bf16 [M / combine_k, N]
+  // (contiguous) = Σ_j combine_w[t·combine_k + j] · Σ_s partials[s, t·combine_k + j, :], j and s in order, written
+  // by the last CTA of each 128-row output tile (a ticket each: tickets needs ceil(N / 128)).
+  const float* combine_w;
+  int combine_k;
 };
 
 // CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.

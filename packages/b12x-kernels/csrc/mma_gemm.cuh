@@ -487,6 +487,117 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
   return expert;
 }
 
+// Routed in the kernel (MmaCall::ids, no table): CTA b finds block b of the expert-sorted block table itself, the same
+// blocks moe_route's table holds (experts in order, each one's slots in slot order, cut into blocks of TOK), and writes
+// its rows into src_row / dst_row (−1 past the block's slots) and their count into *live. Returns the block's expert,
+// or −1 past the routing's work (uniform). `scratch` is dynamic shared memory nothing else uses yet (route_scratch_bytes:
+// the counts per expert and the ids). Every thread calls it (barriers). Costs a few shared-memory passes over ≤ 1024
+// slots, where the table took a launch of its own before the GEMM (docs/performance.md, 2026-12-04).
+constexpr int kRouteMaxSlots = MMA_ROUTE_MAX_SLOTS, kRouteMaxExperts = MMA_ROUTE_MAX_EXPERTS;
+constexpr int route_scratch_bytes() { return 4 * (kRouteMaxSlots + kRouteMaxExperts); }
+template <int TOK, int THREADS>
+__device__ __forceinline__ int route_rows(const MmaParams& p, int b, int* scratch, int* src_row, int* dst_row,
+                                          int* live) {
+  constexpr int WARPS = THREADS / 32;
+  static_assert(THREADS % 32 == 0 && THREADS >= TOK, "whole warps; a thread per row of the block");
+  __shared__ int warp_sum[WARPS], found[3];  // found: the block's expert, its index within the expert, the expert's slots
+  int* count = scratch;                      // [experts]
+  int* ids = scratch + kRouteMaxExperts;     // [slots]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, E = p.experts, S = p.M;
+  for (int e = threadIdx.x; e < E; e += THREADS) count[e] = 0;
+  if (threadIdx.x < TOK) src_row[threadIdx.x] = dst_row[threadIdx.x] = -1;
+  if (threadIdx.x == 0) found[0] = -1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < S; i += THREADS) {  // ids outside 0..E-1 are no expert's (the table drops them too)
+    const int e = __ldg(p.ids + i);
+    ids[i] = e;
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  // Blocks per expert, scanned: thread i owns experts [i·per, (i+1)·per); the one whose run holds block b names it.
+  const int per = (E + THREADS - 1) / THREADS, e0 = min(E, threadIdx.x * per), e1 = min(E, e0 + per);
+  int mine = 0;
+  for (int e = e0; e < e1; ++e) mine += (count[e] + TOK - 1) / TOK;
+  int incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_sum[warp] = incl;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) incl += warp_sum[w];
+  if (b >= incl - mine && b < incl) {
+    int first = incl - mine;
+    for (int e = e0; e < e1; ++e) {
+      const int blocks = (count[e] + TOK - 1) / TOK;
+      if (b < first + blocks) {
+        found[0] = e;
+        found[1] = b - first;
+        found[2] = count[e];
+        break;
+      }
+      first += blocks;
+    }
+  }
+  __syncthreads();
+  const int expert = found[0];
+  if (expert < 0) return -1;
+  // The expert's slots in slot order (stable): a slot's rank is how many of the expert's slots come before it.
+  const int lo = found[1] * TOK;
+  int before = 0;
+  for (int i0 = 0; i0 < S; i0 += THREADS) {
+    const int i = i0 + threadIdx.x;
+    const bool hit = i < S && ids[i] == expert;
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    __syncthreads();  // the last round's warp_sum reads are done
+    if (lane == 0) warp_sum[warp] = __popc(m);
+    __syncthreads();
+    int rank = before + __popc(m & ((1u << lane) - 1u));
+    for (int w = 0; w < WARPS; ++w) {
+      if (w < warp) rank += warp_sum[w];
+      before += warp_sum[w];
+    }
+    const int r = rank - lo;
+    if (hit && r >= 0 && r < TOK) {
+      dst_row[r] = i;
+      src_row[r] = p.top_k ? i / p.top_k : i;
+    }
+  }
+  *live = min(TOK, found[2] - lo);  // every thread the same
+  __syncthreads();
+  return expert;
+}
+
+// The fused MoE's combine in the down GEMM (MmaCall::combine_w, MMA_OUT_F32): every CTA of output tile `nblk` (rows
+// n0 .. n0 + width − 1), idle ones included, takes a ticket once its float32 slot rows are written; the last sums the
+// tile's columns for every token, y[t, n] = bf16(Σ_j w[t, j] · Σ_s partials[s, t·k + j, n]), j and s in order (as
+// b12x_kernels.tiles.moe_combine: deterministic, no atomics on data), and resets the ticket. Every thread calls it.
+template <int THREADS>
+__device__ __forceinline__ void combine_tile(const MmaParams& p, int nblk, int n0, int width) {
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  int* ticket = p.tickets + nblk;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == int(gridDim.x * gridDim.y) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int k = p.combine_k, tokens = p.M / k, cols = min(width, p.N - n0);
+  for (int i = threadIdx.x; i < tokens * cols; i += THREADS) {
+    const int t = i / cols, n = n0 + i % cols;
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int slot = t * k + j;
+      float row = 0.f;
+      for (int s = 0; s < p.splits; ++s) row += __ldcg(p.partials + (size_t(s) * p.M + slot) * p.N + n);
+      acc += __ldg(p.combine_w + slot) * row;
+    }
+    p.y[size_t(t) * p.N + n] = __float2bfloat16_rn(acc);  // y: [tokens, N] contiguous
+  }
+  if (threadIdx.x == 0) *ticket = 0;  // ready for the next call (graph replays included)
+}
+
 // One warp's weight copies: chunk c of its RT row tiles (from tile_base) into ring slot (c % STAGES, tile r) by
 // cp.async — the lane's two 16-byte code pieces (halves 0 and 1 of the tile), and lanes 0.. / 16.. copy the tile's
 // scale bytes (16 rows × META / META2). The tile pointers advance by one tile per chunk.
@@ -700,14 +811,21 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   };
   // Dense, the weight rows are known before the previous kernel ends: their first copies go out before the wait
   // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
-  const bool grouped = p.order != nullptr;
+  const bool grouped = p.order != nullptr || p.ids != nullptr;
   if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
   if constexpr (table_words<F>() > 0) fill_tables<F, THREADS>(tab, p.tables);  // constant: before the wait too
   grid_dependency_wait();
 
   __shared__ int src_row[TOK], dst_row[TOK];
-  const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);
-  if (expert < 0) return;  // past the routing's work (uniform over the CTA): the launch size is fixed
+  // Routed here: the scratch is the activation and weight rings, which nothing has written yet when grouped.
+  static_assert(TILES * kStages * slot_bytes<F>() >= route_scratch_bytes(), "the routing scratch fits the ring");
+  int block_live = 0;
+  const int expert = p.ids ? route_rows<TOK, THREADS>(p, mtile, reinterpret_cast<int*>(xs), src_row, dst_row, &block_live)
+                           : tile_rows<TOK>(p, mtile, src_row, dst_row);
+  if (expert < 0) {  // past the routing's work (uniform over the CTA): the launch size is fixed
+    if (p.combine_w) combine_tile<THREADS>(p, nblk, nblk * TILES * 16, TILES * 16);
+    return;
+  }
   const int tile_global = expert * p.n16 + tile_base;  // in the stacked weight
 
   // Activation rows from chunk c0 on, `pieces` 16-byte cp.async pieces a row, in the swizzle the fragments read,
@@ -747,7 +865,8 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   };
   auto load_stage = [&](int c0, int buf) { load_rows(xs + buf * XSTAGE, XROW, TOK, XC * F::KB / 8, c0); };
   // Held rows: dense, the tile's tokens below M; grouped, the block's slots (a block's live rows come first).
-  const int live_rows = !RX ? TOK : min(TOK, grouped ? p.block_rows[mtile] : p.M - mtile * TOK);
+  const int live_rows =
+      !RX ? TOK : min(TOK, p.ids ? block_live : grouped ? p.block_rows[mtile] : p.M - mtile * TOK);
 
   static_assert((kStages & (kStages - 1)) == 0, "ring slots are chunk & (kStages - 1)");
   const WeightStream<F, RT> weights(p, tile_global, tile_base, lane);
@@ -864,6 +983,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
   store_tile<RT, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
+  if (p.combine_w) combine_tile<THREADS>(p, nblk, nblk * TILES * 16, TILES * 16);
 }
 
 template <class F, int MT, int RT, int TILES = kWarps, bool RX = false, int XQ = MMA_XQ_NONE>
@@ -901,7 +1021,7 @@ R with_kernel(int mt, int rt, int tiles, R fallback, Fn&& fn) {
 
 template <class F>
 cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblocks, cudaStream_t stream) {
-  const int mtiles = p.order ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: one CTA per table block
+  const int mtiles = p.order || p.ids ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: a CTA a table block
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
     if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here), dense or grouped

@@ -112,7 +112,7 @@ PYBIND11_MODULE(_C, m) {
       "mma_gemm",
       [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
          std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t stream, std::uintptr_t order,
-         std::uintptr_t table, int blocks) {
+         std::uintptr_t table, int blocks, std::uintptr_t ids, int experts, std::uintptr_t combine_w, int combine_k) {
         const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "mma_gemm");
         if (const char* error = b12x::mma_plan_error(p)) throw std::invalid_argument(error);
         const bool f32 = p.epilogue == b12x::MMA_OUT_F32;
@@ -122,16 +122,27 @@ PYBIND11_MODULE(_C, m) {
         if (!x || (!y && !f32) || x % 16) throw std::invalid_argument("mma_gemm: null or misaligned x / y");
         if (order && (!table || blocks < 1 || p.N % 16))
           throw std::invalid_argument("mma_gemm: grouped needs the block table, blocks >= 1 and N % 16 == 0");
+        if (ids && (order || table))
+          throw std::invalid_argument("mma_gemm: routed in the kernel (ids) or by a block table (order), not both");
+        if (ids && (blocks < 1 || p.N % 16 || M > b12x::MMA_ROUTE_MAX_SLOTS || experts < 1 ||
+                    experts > b12x::MMA_ROUTE_MAX_EXPERTS))
+          throw std::invalid_argument("mma_gemm: routed in the kernel (ids) needs blocks >= 1, N % 16 == 0, M <= " +
+                                      std::to_string(b12x::MMA_ROUTE_MAX_SLOTS) + " slots and 1 <= experts <= " +
+                                      std::to_string(b12x::MMA_ROUTE_MAX_EXPERTS));
+        if (combine_w && (!f32 || !(order || ids) || !y || !tickets || combine_k < 1 || M % combine_k))
+          throw std::invalid_argument("mma_gemm: the combine (combine_w) needs the f32 epilogue, a grouped call, y, "
+                                      "tickets and M a multiple of combine_k >= 1");
         if (p.resident && b12x::mma_resident_smem_bytes(p, M) > 227 * 1024)
           throw std::invalid_argument("mma_gemm: resident activations of this call (M rows x the split's K) exceed "
                                       "227 KB of shared memory; take more K splits or the staged plan");
         b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
                            ptr<float>(partials), ptr<int>(tickets), ptr<const int>(order), ptr<const int>(table),
-                           blocks};
+                           blocks, ptr<const int>(ids), experts, ptr<const float>(combine_w), combine_k};
         check(b12x::mma_gemm(p, call, stream_of(stream)), "mma_gemm launch");
       },
       py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
-      py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0);
+      py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0,
+      py::arg("ids") = 0, py::arg("experts") = 0, py::arg("combine_w") = 0, py::arg("combine_k") = 0);
 
   // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same plan and call as mma_gemm, plus the
   // scratch its activation staging writes (kernels.h says its size; b12x_core.tensor_core.wgmma.staged_bytes).
@@ -157,7 +168,7 @@ PYBIND11_MODULE(_C, m) {
           throw std::invalid_argument("wgmma_gemm: the grouped form runs formats without a per-chunk fp32 factor");
         b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
                            ptr<float>(partials), ptr<int>(tickets), ptr<const int>(order), ptr<const int>(table),
-                           blocks};
+                           blocks, nullptr, 0, nullptr, 0};  // routed in the kernel and the combine: mma_gemm's
         check(b12x::wgmma_gemm(p, call, ptr<uint8_t>(staged), stream_of(stream)), "wgmma_gemm launch");
       },
       py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),

@@ -41,6 +41,10 @@ WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: deco
 # reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
+# The grouped mma_gemm routed in the kernel (MmaCall::ids, no block table): each CTA counts and ranks the slots in
+# shared memory, so a call takes at most this many token slots over at most this many experts.
+ROUTE_MAX_SLOTS = 1024
+ROUTE_MAX_EXPERTS = 1024
 
 
 def chunk_k(fmt: str) -> int:
@@ -146,7 +150,8 @@ def pack(block: type[ctypes.Structure], **fields) -> bytes:
 def header() -> str:
     lines = [f"// {_NOTE}", "#pragma once", "#include <cstdint>", "", "namespace b12x {", ""]
     lines.append("// The tensor-core GEMM's geometry (b12x_core.tensor_core.geometry reads the same module).")
-    for name in ("TILE_ROWS", "TILES_PER_CTA", "ROWS_PER_CTA", "LANE_BYTES", "QUAD"):
+    names = ("TILE_ROWS", "TILES_PER_CTA", "ROWS_PER_CTA", "LANE_BYTES", "QUAD", "ROUTE_MAX_SLOTS", "ROUTE_MAX_EXPERTS")
+    for name in names:
         lines.append(f"constexpr int MMA_{name} = {globals()[name]};")
     for fmt in LAYOUTS:
         lines.append(f"constexpr int MMA_CHUNK_K_{fmt} = {chunk_k(fmt)};")

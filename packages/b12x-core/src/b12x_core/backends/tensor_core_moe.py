@@ -8,6 +8,9 @@ per GEMM over every touched expert.
 - down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
   and each token's top-k rows in order: deterministic, no atomics on data.
 - The intermediate's mxfp8 / nvfp4 quantization runs between them (b12x_kernels.act_quant), as the Triton path.
+- Fused (decode-sized calls, up to FUSED_MAX_SLOTS slots): no table launch and no combine launch. Each CTA of both
+  GEMMs finds its block of the table from the ids (the same blocks), and the down GEMM's last CTA of each output
+  tile combines its columns (a ticket each). With held rows that quantize in the kernel a call is two launches.
 - Held rows: at 8-slot blocks each GEMM can hold its block's gathered rows over its split's K in shared memory (the
   dense path's resident form), and then quantizes them there for the modes its format pairs with
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
@@ -15,7 +18,7 @@ per GEMM over every touched expert.
 
 Configuration per token count: the token tile from the mean slots per expert; each GEMM's K whole unless its
 expected busy output tiles fill less than half the SMs (then split for even waves over SMs × CTAs per SM); the
-routing table's maker as the Triton path's.
+routing ("route"): "gemm" (fused, above) up to FUSED_MAX_SLOTS slots, else the table's maker as the Triton path's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ HELD = "tensor_core_moe+held"
 SPLIT_BELOW_SMS = 0.5
 # True / False forces held rows on / off (tests, and moe.py while it times each form); None: the table decides.
 HOLDS_ROWS: bool | None = None
+# The routing table and the combine inside the GEMMs up to this many token slots (16 tokens at top-8): each CTA
+# then ranks the slots itself and one CTA an output tile sums its tokens, work that grows with the slots while the
+# launches it saves do not.
+FUSED_MAX_SLOTS = 128
+# True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
+# FUSED_MAX_SLOTS.
+FUSES: bool | None = None
 
 
 def _rows13(shape) -> int:
@@ -103,11 +113,21 @@ class TensorCoreMoE(Backend):
             chunks = -(-k // geometry.chunk_k(fmt))
             few = tiles < query.device.sms * SPLIT_BELOW_SMS
             splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)) if few else 1)
-        route = table_maker(slots, decode_kernels())
+        route = "gemm" if cls._fuses(query, slots) else table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
         if mt == 1 and cls._holds(query, tokens):
             config.update(cls._held(query, slots, splits))
         return config
+
+    @staticmethod
+    def _fuses(query, slots: int) -> bool:
+        """Whether a call of `slots` token slots routes in its GEMMs and combines in the down GEMM (config "route":
+        "gemm"): FUSES where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
+        from b12x_kernels import interface
+
+        fits = slots <= interface.ROUTE_MAX_SLOTS and query.moe.experts <= interface.ROUTE_MAX_EXPERTS
+        wanted = FUSES if FUSES is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
+        return fits and wanted
 
     @classmethod
     def _holds(cls, query, tokens: int) -> bool:
@@ -147,10 +167,13 @@ class TensorCoreMoE(Backend):
 
     @classmethod
     def tickets(cls, query, rows) -> int:
-        """Gate/up split-K tickets the largest call of these plan rows takes: one per (table block, 128-row
-        tile) of a split call."""
+        """Tickets the largest call of these plan rows takes: gate/up split K one per (table block, 128-row tile) of
+        a split call; the fused combine one per 128-row tile of the down GEMM (the GEMMs run one after the other,
+        each leaving its tickets zero)."""
+        combine = geometry.output_tiles(1, query.moe.hidden)
         return max([1] + [geometry.output_tiles(cls.table_blocks(query, last, config), _rows13(query.moe))
-                          for _, last, config in rows if config["splits"][0] > 1])  # fmt: skip
+                          for _, last, config in rows if config["splits"][0] > 1]
+                   + [combine for _, _, config in rows if config["route"] == "gemm"])  # fmt: skip
 
     def reserve(self, rows):
         self.tickets_needed = self.tickets(self.query, rows)
@@ -200,7 +223,12 @@ class TensorCoreMoE(Backend):
         slots = t * k
         s13, s2 = config["splits"]
         mt = config["tokens"] // 8
-        table = block_table(topk_ids, shape.experts, config["tokens"], config["route"])
+        fused = config["route"] == "gemm"
+        if fused:  # each GEMM's CTAs find their table blocks from the ids
+            grouped = dict(routed=(topk_ids.to(torch.int32).reshape(-1).contiguous(), shape.experts,
+                                   self.table_blocks(q, t, config)))  # fmt: skip
+        else:
+            grouped = dict(table=block_table(topk_ids, shape.experts, config["tokens"], config["route"]))
         carved = workspace.carve(x.device, self._specs(t, config))
         xq13, xq2 = config.get("x_quant", ("none", "none"))
         n_x = len(self._x_specs(t, config))
@@ -214,10 +242,15 @@ class TensorCoreMoE(Backend):
 
         x_in = x if xq13 != "none" else operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)[0]
         ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
-        gemm.launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, table=table)
+        gemm.launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, **grouped)
         inter_in = inter
         if xq2 == "none":
             inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
-        gemm.launch(plan2, inter_in.contiguous(), None, slots, gemm.MmaWorkspace(out, tickets), stream, table=table)
         y = torch.empty(t, shape.hidden, dtype=torch.bfloat16, device=x.device)
-        return tiles.moe_combine(out, topk_weights.to(torch.float32).contiguous(), y)
+        weights = topk_weights.to(torch.float32).contiguous()
+        ws2 = gemm.MmaWorkspace(out, tickets)
+        if fused:  # the down GEMM combines its slot rows into y
+            gemm.launch(plan2, inter_in.contiguous(), y, slots, ws2, stream, combine_w=weights, **grouped)
+            return y
+        gemm.launch(plan2, inter_in.contiguous(), None, slots, ws2, stream, **grouped)
+        return tiles.moe_combine(out, weights, y)

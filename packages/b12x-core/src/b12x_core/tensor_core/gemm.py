@@ -304,15 +304,23 @@ def device_ptr(t: torch.Tensor | None) -> int:
 
 
 def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace | None,
-           stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
-    """One kernel launch of a shard's `plan` (MmaShard.plan): m rows of x (bf16, row stride K) into y. `table`:
-    the grouped form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
+           stream: int, bias: torch.Tensor | None = None, table: tuple = (), routed: tuple = (),
+           combine_w: torch.Tensor | None = None) -> None:  # fmt: skip
+    """One kernel launch of a shard's `plan` (MmaShard.plan): m rows of x (bf16, row stride K) into y. The grouped
+    form takes either `table`, (order, block table [3, blocks]) from b12x_core.moe_blocks, or `routed`, (ids int32
+    [m], experts, blocks): each CTA finds its table block itself. `combine_w` (fp32 [m / k, k], the f32 epilogue,
+    grouped): y bf16 [m / k, N] is the combine of the float32 slot rows (csrc/kernels.h MmaCall)."""
     import b12x_kernels
 
     grouped = {}
     if table:
         order, blocks = table
         grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
+    if routed:
+        ids, experts, blocks = routed
+        grouped = dict(ids=ids.data_ptr(), experts=experts, blocks=blocks)
+    if combine_w is not None:
+        grouped.update(combine_w=combine_w.data_ptr(), combine_k=combine_w.shape[1])
     b12x_kernels.mma_gemm(
         plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
         0 if workspace is None else workspace.partials.data_ptr(),
