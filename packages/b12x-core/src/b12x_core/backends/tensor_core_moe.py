@@ -46,10 +46,12 @@ HELD = "tensor_core_moe+held"
 SPLIT_BELOW_SMS = 0.5
 # True / False forces held rows on / off (tests, and moe.py while it times each form); None: the table decides.
 HOLDS_ROWS: bool | None = None
-# The routing table and the combine inside the GEMMs up to this many token slots (16 tokens at top-8): each CTA
-# then ranks the slots itself and one CTA an output tile sums its tokens, work that grows with the slots while the
-# launches it saves do not.
-FUSED_MAX_SLOTS = 128
+# The routing table and the combine inside the GEMMs up to this many token slots: each CTA then ranks the slots
+# itself and one CTA an output tile sums its tokens, work that grows with the slots while the two launches it saves
+# do not. Measured on the H200 (benchmarks/moe.py, @unfused A/B, 2026-12-04, docs/performance.md): 4-6 µs faster at
+# 4-8 slots (one token), 1-4 µs at 16-32 (four tokens), 2-9% slower at 64 (gpt-oss-like, 16 tokens) and 128 (Qwen3-
+# like, 16 tokens).
+FUSED_MAX_SLOTS = 32
 # True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
 # FUSED_MAX_SLOTS.
 FUSES: bool | None = None
