@@ -3,7 +3,8 @@
 Semantics (the kernels follow the same): the first GEMM's input is x quantized per `act_format`; gated SiLU
 is silu(gate) · up (rows of w13 in `w13_order`), non-gated ReLU² is relu(h)²; the intermediate is rounded to
 bf16 (kernels store it so) and quantized again for the second GEMM; each expert's output is scaled by its
-router weight and summed over the top-k experts in float32, in ascending expert order; one bf16 rounding.
+router weight and summed over the top-k experts in float32 in a fixed order (the reference: ascending expert; the
+GPU backends: the token's top-k order); one bf16 rounding.
 """
 
 from __future__ import annotations
