@@ -52,12 +52,15 @@ def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
 
 def test_moe_table_holds_each_backend_and_the_held_rows_at_the_token_counts_run():
     """benchmarks/moe.py's table: per backend (tensor_core_moe's held rows under tensor_core_moe.HELD, which its
-    configurations read) the times at each token count it ran; bc.moe's own ("auto") stay out."""
+    configurations read) the times at each token count it ran; bc.moe's own ("auto") and the A/B forms the plans never
+    run ("@loose", "@unfused") stay out."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import moe
 
+    backends = (("tensor_core_moe", 50.0), (moe.HELD, 40.0), ("auto", 51.0), ("tensor_core_moe" + moe.LOOSE, 30.0),
+                ("tensor_core_moe" + moe.UNFUSED, 30.0), (moe.HELD + moe.UNFUSED, 30.0))  # fmt: skip
     rows = [dict(backend=b, format="MXFP4", mode="mxfp8", n=1536, k=2048, t=t, us=us + t)
-            for b, us in (("tensor_core_moe", 50.0), (moe.HELD, 40.0), ("auto", 51.0)) for t in (1, 4)]  # fmt: skip
+            for b, us in backends for t in (1, 4)]  # fmt: skip
     (entry,) = moe.table({"device": "NVIDIA H200", "date": "2026-12-04", "capability": [9, 0], "rows": rows})
     assert entry.op == "moe" and entry.ms == (1, 4)
     assert entry.us == {"tensor_core_moe": [51.0, 54.0], moe.HELD: [41.0, 44.0]}
