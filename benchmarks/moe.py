@@ -285,6 +285,9 @@ def plot(rows: list, path: str) -> None:
     import matplotlib.pyplot as plt
 
     shapes = sorted({r["shape"] for r in rows})
+    if not shapes:  # every case was refused for its shape (as IQ2 on gpt-oss's 2880-wide experts): nothing to draw
+        print(f"no rows measured: no plot written to {path}")
+        return
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
         here = [r for r in rows if r["shape"] == shape]

@@ -64,3 +64,13 @@ def test_moe_table_holds_each_backend_and_the_held_rows_at_the_token_counts_run(
     (entry,) = moe.table({"device": "NVIDIA H200", "date": "2026-12-04", "capability": [9, 0], "rows": rows})
     assert entry.op == "moe" and entry.ms == (1, 4)
     assert entry.us == {"tensor_core_moe": [51.0, 54.0], moe.HELD: [41.0, 44.0]}
+
+
+def test_moe_plot_of_no_rows_writes_nothing_and_does_not_fail(tmp_path):
+    """benchmarks/moe.py when every case is refused for its shape (IQ2's 256-blocks on gpt-oss's 2880-wide experts):
+    the run ends with its check and no plot, not a traceback."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe
+
+    moe.plot([], str(tmp_path / "moe.png"))
+    assert not (tmp_path / "moe.png").exists()
