@@ -487,12 +487,13 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
   return expert;
 }
 
-// Routed in the kernel (MmaCall::ids, no table): CTA b finds block b of the expert-sorted block table itself, the same
-// blocks moe_route's table holds (experts in order, each one's slots in slot order, cut into blocks of TOK), and writes
-// its rows into src_row / dst_row (−1 past the block's slots) and their count into *live. Returns the block's expert,
-// or −1 past the routing's work (uniform). `scratch` is dynamic shared memory nothing else uses yet (route_scratch_bytes:
-// the counts per expert and the ids). Every thread calls it (barriers). Costs a few shared-memory passes over ≤ 1024
-// slots, where the table took a launch of its own before the GEMM (docs/performance.md, 2026-12-04).
+// Routed in the kernel (MmaCall::ids, no table): CTA b finds block b of the expert-sorted block table itself, the
+// same blocks moe_route's table holds (experts in order, each one's slots in slot order, cut into blocks of TOK), and
+// writes its rows into src_row / dst_row (−1 past the block's slots) and their count into *live. Returns the block's
+// expert, or −1 past the routing's work (uniform). `scratch` is dynamic shared memory nothing else uses yet
+// (route_scratch_bytes: the counts per expert and the ids). Every thread calls it (barriers). Costs a few
+// shared-memory passes over ≤ 1024 slots, where the table took a launch of its own before the GEMM
+// (docs/performance.md, 2026-12-04).
 constexpr int kRouteMaxSlots = MMA_ROUTE_MAX_SLOTS, kRouteMaxExperts = MMA_ROUTE_MAX_EXPERTS;
 constexpr int route_scratch_bytes() { return 4 * (kRouteMaxSlots + kRouteMaxExperts); }
 template <int TOK, int THREADS>
@@ -500,7 +501,7 @@ __device__ __forceinline__ int route_rows(const MmaParams& p, int b, int* scratc
                                           int* live) {
   constexpr int WARPS = THREADS / 32;
   static_assert(THREADS % 32 == 0 && THREADS >= TOK, "whole warps; a thread per row of the block");
-  __shared__ int warp_sum[WARPS], found[3];  // found: the block's expert, its index within the expert, the expert's slots
+  __shared__ int warp_sum[WARPS], found[3];  // found: the block's expert, its index in the expert, the expert's slots
   int* count = scratch;                      // [experts]
   int* ids = scratch + kRouteMaxExperts;     // [slots]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, E = p.experts, S = p.M;
@@ -820,8 +821,9 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   // Routed here: the scratch is the activation and weight rings, which nothing has written yet when grouped.
   static_assert(TILES * kStages * slot_bytes<F>() >= route_scratch_bytes(), "the routing scratch fits the ring");
   int block_live = 0;
-  const int expert = p.ids ? route_rows<TOK, THREADS>(p, mtile, reinterpret_cast<int*>(xs), src_row, dst_row, &block_live)
-                           : tile_rows<TOK>(p, mtile, src_row, dst_row);
+  const int expert = p.ids
+                         ? route_rows<TOK, THREADS>(p, mtile, reinterpret_cast<int*>(xs), src_row, dst_row, &block_live)
+                         : tile_rows<TOK>(p, mtile, src_row, dst_row);
   if (expert < 0) {  // past the routing's work (uniform over the CTA): the launch size is fixed
     if (p.combine_w) combine_tile<THREADS>(p, nblk, nblk * TILES * 16, TILES * 16);
     return;
