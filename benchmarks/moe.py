@@ -7,7 +7,9 @@ torch combine), every MoE format × its activation formats, per b12x backend.
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
 H=2880, I=2880), dsv3 = DeepSeek-V3-like (E=256, top-8, H=7168, I=2048). Routing: random logits, renormalised
-top-k. Backends: "auto" is bc.moe (the plan's choice); a backend name runs that backend alone (plan.build only=).
+top-k. Backends: "auto" is bc.moe (the plan's choice); a backend name runs that backend alone (plan.build only=);
+"tensor_core_moe+held" holds its block rows; the suffixes "@loose" (the old block-table size) and "@unfused" (the
+table and the combine launched apart from the GEMMs) time A/B forms the table leaves out.
 Everything is timed as CUDA-graph replays (median of 100): b12x with two prepared copies alternating, so for
 the small shapes the weights are not all L2-resident; the bf16 baseline does its routing (a stable sort, counts
 by scatter-add: no host sync) and combine (index_add in float32) inside the graph, as b12x does. At T=1 the
