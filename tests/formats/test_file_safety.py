@@ -21,6 +21,7 @@ from safety_helpers import assert_clean_error, raw_safetensors, run_cli, split_s
 
 import b12x_formats as bf
 from b12x_formats.checkpoint import INDEX_NAME, Checkpoint, save_checkpoint
+from b12x_formats.imatrix import read_imatrix
 from b12x_formats.modelopt import QuantizationConfig
 
 
@@ -286,6 +287,24 @@ def test_gguf_counts_of_2_40(tmp_path, capsys, field, offset):
         rc, _, err = run_cli(capsys, *command)
         assert_clean_error(rc, err, "m.gguf", "not a readable GGUF file")
     assert not (tmp_path / "out").exists()
+
+
+def test_gguf_array_length_of_2_40(tmp_path, capsys):
+    """A metadata array whose length field says 2^40 (its values run past the end of the file): gguf's reader reads
+    past the end as empty slices, one a value, and ran out of memory in the fuzz test (24 GB); b12x's readers refuse
+    the first read past the end. The CLI and the imatrix reader alike."""
+    path = tmp_path / "m.gguf"
+    write_tiny_gguf(path, TinyModel("llama"))
+    field = gguf.GGUFReader(path).get_field("tokenizer.ggml.token_type")  # an array of int32
+    length_at = field.offset + 8 + len("tokenizer.ggml.token_type") + 4 + 4  # key length, key, value type, item type
+    raw = bytearray(path.read_bytes())
+    assert int.from_bytes(raw[length_at : length_at + 8], "little") == len(field.data)
+    raw[length_at : length_at + 8] = (2**40).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    rc, _, err = run_cli(capsys, "inspect", path)
+    assert_clean_error(rc, err, "m.gguf", "not a readable GGUF file", "runs past the end of the file")
+    with pytest.raises(ValueError, match="not a readable GGUF file .*runs past the end"):
+        read_imatrix(path)
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,10 @@ def read_imatrix(path: str | os.PathLike) -> ImportanceMatrix:
 def _read_gguf(path: Path) -> ImportanceMatrix:
     import gguf
 
+    from .gguf_file import checked_reader
+
     try:
-        reader = gguf.GGUFReader(path)
+        reader = checked_reader(path)
     except Exception as err:  # gguf raises plain ValueError/struct errors on damaged files
         raise ValueError(f"{path}: not a readable GGUF file ({err})") from err
     kind = _field(reader, "general.type")
