@@ -22,7 +22,6 @@ them the same way.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -62,8 +61,6 @@ def main() -> None:
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--no-ws", dest="ws", action="store_false", help="skip the warp-specialized form (rt = 2)")
-    parser.add_argument("--clusters", default="", help="also time every token tile with clusters of these sizes "
-                        "sharing x (e.g. 1,2,4; rows' per_cluster_us, keyed 'mt/cluster')")  # fmt: skip
     parser.add_argument("--out", default="wgmma_linear.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--from-json", default=None, help="plot a saved run (no GPU)")
@@ -182,14 +179,6 @@ def main() -> None:
             for mt in tiles:
                 per_nt[mt] = time_graph(lambda i, mt=mt: wgmma_layer(i, wconfigs[mt], wwss[mt]), len(layers),
                                         args.replays)  # fmt: skip
-            # the same tiles and splits in clusters of each size (the bits must not change: checked on copy 0)
-            per_cluster, cluster_check = {}, 0.0
-            for c in [int(v) for v in args.clusters.split(",") if v]:
-                ccs = {mt: [dataclasses.replace(cf, cluster=c) for cf in wconfigs[mt]] for mt in tiles}
-                cluster_check = max(cluster_check, check_against_mma(ccs, wwss))
-                for mt in tiles:
-                    per_cluster[f"{mt}/{c}"] = time_graph(lambda i, mt=mt, ccs=ccs: wgmma_layer(i, ccs[mt], wwss[mt]),
-                                                          len(layers), args.replays)  # fmt: skip
             best = min(per_nt, key=per_nt.get)
             t_w = per_nt[best]
             wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
@@ -198,15 +187,12 @@ def main() -> None:
             t_unweighted = old_rule_time(unweighted, wconfigs[best], wgmma_layer)
             rows.append(dict(m=m, format=fmt, kernel="wgmma", config=wlabel, us=t_w, gbs=nbytes / t_w / 1e3,
                              per_nt_us=per_nt, check=check, unweighted_split_us=t_unweighted,
-                             unweighted_splits=[c.splits for c in unweighted], per_cluster_us=per_cluster,
-                             cluster_check=cluster_check))  # fmt: skip
+                             unweighted_splits=[c.splits for c in unweighted]))  # fmt: skip
             print(f"M={m:<4} {fmt:<6} bf16 {base[m]:8.1f} µs | mma {t_mma:8.1f} µs [{label}] | wgmma {t_w:8.1f} µs "
                   f"[{wlabel}] {t_mma / t_w:5.2f}x mma {base[m] / t_w:5.2f}x bf16 | "
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}"
-                  + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else "")
-                  + "".join(f" | c{k}:{v:.1f}" for k, v in per_cluster.items())
-                  + (f" | cluster check {cluster_check:.1e}" if per_cluster else ""), flush=True)  # fmt: skip
+                  + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else ""), flush=True)  # fmt: skip
             if ws_tiles:
                 per_ws = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, ws_configs[mt], ws_wss[mt]), len(layers),
                                          args.replays)

@@ -273,7 +273,6 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
         (dict(chunks=0), {}, "fewer than K columns"),
         (dict(tiles=7, mt=2), {}, "tiles must be"),
         (dict(tiles=5), {}, "tiles must be"),
-        (dict(cluster=2), {}, "cluster must be 1"),
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(resident=1, mt=2), {}, "resident activations need mt 1"),
         (dict(resident=1, rt=2), {}, "resident activations need mt 1"),
@@ -318,7 +317,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=4, codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0, alpha=1.0,
                   scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0,
-                  pdl=0, resident=0, x_quant=0, x_quant_scale=0.0, cluster=1)  # fmt: skip
+                  pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):

@@ -7,8 +7,7 @@ mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it ru
 under every token tile (and the warp-specialized form, rt = 2, at its 64-256-token tiles), K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
-to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset); clusters
-of CTAs sharing x (multicast) bit for bit a lone CTA's.
+to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset).
 """
 
 from __future__ import annotations
@@ -69,10 +68,6 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         ({}, dict(staged=0), "staged scratch"),
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(mt=2), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
-        (dict(cluster=3), {}, "cluster must be 1, 2 or 4"),
-        (dict(cluster=0), {}, "cluster must be 1, 2 or 4"),
-        (dict(cluster=2, rt=2, mt=8), {}, "register-A form's"),
-        (dict(cluster=2, mt=8), dict(order=16, table=16, blocks=1), "grouped form runs without clusters"),
         (dict(resident=1), {}, "resident activations are mma_gemm's"),
         (dict(x_quant=1, x_quant_scale=1.0), {}, "quantized in the kernel are mma_gemm's"),
         ("short", {}, "interface.h differ"),
@@ -88,7 +83,7 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
     fake = 16  # an aligned non-null address: the checks refuse before anything reads it
     fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
                   alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0,
-                  top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0, cluster=1)  # fmt: skip
+                  top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
     packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
     args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, staged=fake, stream=0)
     with pytest.raises(ValueError, match=why):
@@ -265,30 +260,6 @@ def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hop
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS + FACTOR_FORMATS)
-def test_clusters_sharing_x_give_the_same_bits(rng, hopper, fmt):
-    """cluster > 1: the CTAs of a cluster along N stage each chunk of x once for all of them (multicast), each
-    copying a share of the token groups into every CTA. Each CTA then multiplies the bytes it would have copied
-    itself, so the result is cluster 1's bit for bit (the tests above hold that to the reference): every token tile,
-    K whole and split, bias, M with a partial token tile, and N of one, two and four 128-row blocks, so clusters of
-    2 and 4 run CTAs past N that only round the grid up (and must store nothing: y is poisoned first)."""
-    from b12x_core.tensor_core import gemm, wgmma
-
-    for n, k in _shapes(fmt):
-        qw, shards = _case(rng, fmt, n, k)
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        for m in (1, 37, 200):
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            for mt in wgmma.token_tiles_of(fmt):
-                for splits, b in ((1, None), (min(3, shards[0].chunks), bias)):
-                    alone = _run(x, shards, n, b, gemm.MmaConfig(mt, splits))
-                    assert not alone.isnan().any()
-                    for cluster in wgmma.CLUSTERS[1:]:
-                        shared = _run(x, shards, n, b, gemm.MmaConfig(mt, splits, cluster=cluster))
-                        assert torch.equal(shared, alone), (n, k, m, mt, splits, cluster)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("epilogue", ["silu", "relu2"])
 def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
     from b12x_core.tensor_core import gemm
@@ -304,8 +275,8 @@ def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["NVFP4", "FP8", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
-    """Every token tile, K whole and split (the warp-specialized form too where the format has one); three in a CUDA
-    graph replayed on new inputs (one in clusters sharing x)."""
+    """Every token tile, K whole and split (the warp-specialized form too where the format has one); two in a CUDA
+    graph replayed on new inputs."""
     from graphs import capture
 
     from b12x_core.tensor_core import gemm, geometry, wgmma
@@ -323,7 +294,7 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
     staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream
-    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2), gemm.MmaConfig(8, 4, cluster=2)):
+    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2)):
         ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
         graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))  # noqa: B023
         for _ in range(3):

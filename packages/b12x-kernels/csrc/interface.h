@@ -89,8 +89,7 @@ struct MmaPlan {
   int resident;                   // mma_gemm, mt 1 and rt 1: 1 holds the split's activations (or gathered slots) whole
   int x_quant;                    // mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x
   float x_quant_scale;            // x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)
-  int cluster;                    // wgmma_gemm (dense, rt 1): CTAs along N sharing x by multicast (1, 2 or 4); else 1
 };
-static_assert(sizeof(MmaPlan) == 128, "MmaPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(MmaPlan) == 120, "MmaPlan: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

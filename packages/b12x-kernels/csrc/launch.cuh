@@ -34,39 +34,24 @@ __device__ __forceinline__ void grid_dependents_launch() {
 // Brings one 128-byte line of read-only data toward L2 (no register, no completion to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs along z (grid.z a multiple of it; 1:
-// no cluster), with programmatic stream serialization when `pdl`: the launch error.
-template <class... Params, class... Args>
-cudaError_t launch_kernel_clustered(bool pdl, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                                    size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  unsigned n = 0;
-  if (pdl) {
-    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attribute[n].id = cudaLaunchAttributeClusterDimension;
-    attribute[n].val.clusterDim.x = 1;
-    attribute[n].val.clusterDim.y = 1;
-    attribute[n++].val.clusterDim.z = cluster;
-  }
-  config.attrs = n ? attribute : nullptr;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl`: the launch
 // error.
 template <class... Params, class... Args>
 cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, Args&&... args) {
-  return launch_kernel_clustered(pdl, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (pdl) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace b12x

@@ -65,7 +65,6 @@ const char* mma_plan_error(const MmaPlan& p) {
       return "mma_gemm: x_quant's scale (fp8 static's divisor, nvfp4's global scale) must be positive and finite";
   }
   if (p.splits < 1 || p.splits > p.chunks) return "mma_gemm: splits must be in 1..chunks";
-  if (p.cluster != 1) return "mma_gemm: cluster must be 1 (clusters sharing x are wgmma_gemm's)";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "mma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "mma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
   if (!p.codes || reinterpret_cast<uintptr_t>(p.codes) % 16) return "mma_gemm: null or misaligned codes";

@@ -291,52 +291,6 @@ __device__ __forceinline__ void mma_ss<256>(float (&d)[128], uint64_t desc_a, ui
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-
-// ---------------------------------------------------------------------------------------------- clusters
-// A thread block cluster (1 CTA unless the launch asks for more): this CTA's rank in it and its size.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-// Every thread of every CTA of the cluster: what each wrote before (the mbarrier inits too) is seen by all after.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// One arrival on the mbarrier at the same shared-memory offset as `bar` in CTA `rank` of the cluster, releasing this
-// thread's earlier accesses (and what it acquired) to whoever waits on it.
-__device__ __forceinline__ void bar_arrive_remote(uint64_t* bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-// bar_wait whose acquire reaches the whole cluster (the arrivals it waits for come from other CTAs too).
-__device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
-// bulk_copy_to into every CTA of the cluster in `ctas` (a bit per rank): the same shared-memory offset `dst` in each,
-// completing on the mbarrier at offset `bar` in each. One read of the global bytes feeds them all.
-__device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                    uint16_t ctas, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4, %5;" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "h"(ctas), "l"(pol)
-      : "memory");
-}
 #endif  // B12X_WGMMA_DEVICE
 
 // ---------------------------------------------------------------------------------------------- stage_x

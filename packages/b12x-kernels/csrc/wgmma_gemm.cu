@@ -123,16 +123,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 
   __shared__ int src_row[TOK], dst_row[TOK];
   __shared__ __align__(8) uint64_t full[S];  // stage s holds its chunk: every warp arrived, every byte landed
-  // A cluster (MmaPlan::cluster CTAs along N, dense only: they share the token tile and split) stages x once for all
-  // of its CTAs: each copies its share of the token groups into every CTA's stage (multicast), so L2 serves x once a
-  // cluster rather than once a CTA (x re-read by every 128-row block was most of the bytes the SMs took in from 64
-  // tokens on: docs/performance.md, 2026-12-04). x_empty[s]: every CTA of the cluster is done with stage s's last
-  // chunk (one arrival each), so the stage may take the next one in all of them.
-  __shared__ __align__(8) uint64_t x_empty[S];
-  const uint32_t cl_size = GROUPED ? 1u : cluster_size(), cl_rank = GROUPED ? 0u : cluster_rank();
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps), bar_init(&x_empty[s], int(cl_size));
+    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
@@ -171,27 +164,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
                         weights_policy);
       }
     }
-    if (x_part && warp == 0 && x_bytes) {
-      const uint32_t dst = xring_addr + stage * XBYTES;
-      const uint8_t* src = x_base + size_t(c) * groups * (KB * 16);
-      if (cl_size == 1) {
-        bulk_copy_to(dst, src, x_bytes, bar, x_policy);
-      } else {  // once every CTA of the cluster is done with the stage's last chunk, this CTA's groups into all
-        const unsigned i = unsigned(c - c_begin);
-        if (i >= unsigned(S)) bar_wait_cluster(&x_empty[stage], ((i - S) / S) & 1);
-        const uint32_t ng = x_bytes / (KB * 16), g0 = ng * cl_rank / cl_size, g1 = ng * (cl_rank + 1) / cl_size;
-        if (g1 > g0)
-          bulk_copy_multicast(dst + g0 * (KB * 16), src + g0 * (KB * 16), (g1 - g0) * (KB * 16), bar,
-                              uint16_t((1u << cl_size) - 1), x_policy);
-      }
-    }
+    if (x_part && warp == 0 && x_bytes)
+      bulk_copy_to(xring_addr + stage * XBYTES, x_base + size_t(c) * groups * (KB * 16), x_bytes, bar, x_policy);
   };
   auto issue = [&](int c) { issue_part(c, true, true); };
 
   if constexpr (!GROUPED) {
-    // publishes the initialised mbarriers to the warps' lanes 0 (and to the cluster, whose copies complete on them)
-    if (cl_size > 1) cluster_sync();
-    else __syncthreads();
+    __syncthreads();  // publishes the initialised mbarriers to the warps' lanes 0
 #pragma unroll
     for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
@@ -219,10 +198,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     const unsigned i = unsigned(c - c_begin), stage = i % S;
     bar_wait(&full[stage], (i / S) & 1);
     __syncthreads();
-    // this CTA is done with chunk c-2's stage, which chunk c+S-2 takes next: tell every CTA of the cluster (the
-    // thread that then copies this CTA's share of x, waiting for the others' word)
-    if (cl_size > 1 && threadIdx.x == 0 && i >= 2 && c + S - 2 < c_end)
-      for (uint32_t r = 0; r < cl_size; ++r) bar_arrive_remote(&x_empty[(i - 2) % S], r);
     issue(c + S - 2);
     return stage;
   };
@@ -338,9 +313,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     if (c_begin < c_end) fold();
   }
   grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
-  // no CTA of a cluster leaves while another may still copy into it or arrive on its barriers
-  if (cl_size > 1) cluster_sync();
-  if (nblk * kWarps >= p.n16) return;  // a CTA past N that only rounds the grid to whole clusters: no rows
 
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
 #endif  // B12X_WGMMA_DEVICE
@@ -368,14 +340,11 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   } else if constexpr (MT >= 4) {
     if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
   }
-  if (grouped && p.cluster != 1) return cudaErrorInvalidValue;  // clusters are the dense form's (module.cpp refuses)
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int mtiles = grouped ? p.blocks : (p.M + 8 * MT - 1) / (8 * MT);  // grouped: one CTA per table block
-  // 128-row blocks, rounded up to whole clusters (a CTA past N joins its cluster's copies and stores nothing)
-  const int cluster = p.cluster, nblocks = (p.n16 + kWarps - 1) / kWarps;
-  const dim3 grid(mtiles, p.splits, (nblocks + cluster - 1) / cluster * cluster);
-  return launch_kernel_clustered(p.pdl, cluster, kernel, grid, dim3(kThreads), bytes, stream, p, staged);
+  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), dim3(kThreads), bytes,
+                       stream, p, staged);
 }
 
 template <class F, int MT>
@@ -457,8 +426,6 @@ const char* wgmma_plan_error(const MmaPlan& p) {
     return "wgmma_gemm: format must be one without a per-chunk fp32 factor for the warp-specialized form (rt 2)";
   if (p.rt == 2 && !wgmma_ws_token_tile(p.format, p.mt)) return "wgmma_gemm: with rt 2, mt must be 8, 16 or 32";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
-  if (p.cluster != 1 && p.cluster != 2 && p.cluster != 4) return "wgmma_gemm: cluster must be 1, 2 or 4";
-  if (p.cluster != 1 && p.rt != 1) return "wgmma_gemm: clusters (cluster > 1) are the register-A form's (rt 1)";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "wgmma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
   if (p.ldy < p.N && p.epilogue != MMA_OUT_SILU && p.epilogue != MMA_OUT_F32) return "wgmma_gemm: need ldy >= N";

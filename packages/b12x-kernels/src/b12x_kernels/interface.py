@@ -131,7 +131,6 @@ MmaPlan = _block(
         ("resident", "int", "mma_gemm, mt 1 and rt 1: 1 holds the split's activations (or gathered slots) whole"),
         ("x_quant", "int", "mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x"),
         ("x_quant_scale", "float", "x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)"),
-        ("cluster", "int", "wgmma_gemm (dense, rt 1): CTAs along N sharing x by multicast (1, 2 or 4); else 1"),
     ],
 )
 

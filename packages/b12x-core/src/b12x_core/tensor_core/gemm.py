@@ -65,7 +65,6 @@ class MmaShard:
                 chunks=self.chunks, mt=config.mt, rt=config.rt, splits=min(config.splits, self.chunks),
                 tiles=config.tiles, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
                 resident=int(config.resident), x_quant=interface.X_QUANTS.index(x_quant), x_quant_scale=x_quant_scale,
-                cluster=config.cluster,
             )  # fmt: skip
         return self.plans[key]
 
@@ -80,30 +79,24 @@ class MmaConfig:
     # a stage (csrc/mma_gemm.cuh, resident_row_elems). default_config sets it where it was measured faster
     # (holds_resident).
     resident: bool = False
-    # The Hopper form (wgmma.py), dense, rt 1: CTAs along N in a cluster that stage each chunk of x once for all of
-    # them (multicast), so L2 serves x once a cluster (csrc/wgmma_gemm.cu). 1 everywhere else.
-    cluster: int = 1
 
     @classmethod
     def of_plan_row(cls, config: dict) -> MmaConfig:
         """The configuration a linear's plan row holds ({"tokens", "splits", "rows"}: tokens a tile, K splits, rows a
-        CTA; rows absent: 128; "resident", "cluster" where set)."""
+        CTA; rows absent: 128)."""
         return cls(config["tokens"] // 8, config["splits"], tiles=config.get("rows", TILE_ROWS * 8) // TILE_ROWS,
-                   resident=config.get("resident", False), cluster=config.get("cluster", 1))  # fmt: skip
+                   resident=config.get("resident", False))  # fmt: skip
 
     def plan_row(self) -> dict:
         """This configuration as a plan row's config (of_plan_row's inverse; rows only where not 128, resident only
-        where set; cluster only where not 1)."""
+        where set)."""
         rows = {"rows": TILE_ROWS * self.tiles} if self.tiles != 8 else {}
-        cluster = {"cluster": self.cluster} if self.cluster != 1 else {}
-        return {"tokens": 8 * self.mt, "splits": self.splits, **rows, **({"resident": True} if self.resident else {}),
-                **cluster}  # fmt: skip
+        return {"tokens": 8 * self.mt, "splits": self.splits, **rows, **({"resident": True} if self.resident else {})}
 
     def __str__(self) -> str:
         rows = f", {16 * self.tiles} rows/CTA" if self.tiles != 8 else ""
         resident = ", resident activations" if self.resident else ""
-        cluster = f", clusters of {self.cluster} sharing x" if self.cluster != 1 else ""
-        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{rows}{resident}{cluster}"
+        return f"{8 * self.mt} tokens × {16 * self.rt} rows/warp, {self.splits} K splits{rows}{resident}"
 
 
 def _upload(a: np.ndarray | None, device) -> torch.Tensor | None:

@@ -23,9 +23,9 @@ from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "CLUSTERS", "CLUSTER_BY_TILE", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS",
-           "LINEAR_FORMATS", "TOKEN_TILES", "WS_TOKEN_TILES", "cluster_of", "default_config", "launch", "run", "slots",
-           "staged_bytes", "token_tile", "token_tiles_of", "ws_config"]  # fmt: skip
+__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
+           "WS_TOKEN_TILES", "default_config", "launch", "run", "slots", "staged_bytes", "token_tile", "token_tiles_of",
+           "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
@@ -52,11 +52,6 @@ TILE_UPTO = {
     **dict.fromkeys(FACTOR_FORMATS, TILE_UPTO_Q8),
 }
 TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
-# CTAs of a cluster along N by token tile (csrc/wgmma_gemm.cu: a cluster stages each chunk of x once for all of its
-# CTAs by multicast, where every 128-row block read it from L2 on its own; CLUSTERS: the sizes the kernel runs).
-# None measured yet: 1 everywhere.
-CLUSTERS = (1, 2, 4)
-CLUSTER_BY_TILE: dict[int, int] = {}
 
 
 def token_tiles_of(fmt: str) -> tuple[int, ...]:
@@ -67,11 +62,6 @@ def token_tiles_of(fmt: str) -> tuple[int, ...]:
 def token_tile(m: int, fmt: str) -> int:
     """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's, else the largest."""
     return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), token_tiles_of(fmt)[-1])
-
-
-def cluster_of(mt: int) -> int:
-    """CTAs of a cluster sharing x at token tile mt (CLUSTER_BY_TILE's, else 1)."""
-    return CLUSTER_BY_TILE.get(mt, 1)
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
@@ -86,13 +76,12 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
 
 
 def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0,
-                   fmt: str = "NVFP4", cluster: int | None = None) -> MmaConfig:  # fmt: skip
-    """The token tile of `fmt` for M (token_tile; or the given mt), the K split that fills the GPU
-    (gemm.even_split, each split's partials weighed by `share`: gemm.split_share; `slots_of(mt)` gives the CTAs
-    that run at once) and the CTAs a cluster sharing x (cluster_of; or the given cluster)."""
+                   fmt: str = "NVFP4") -> MmaConfig:  # fmt: skip
+    """The token tile of `fmt` for M (token_tile; or the given mt), and the K split that fills the GPU
+    (gemm.even_split, each split's partials weighed by `share`: gemm.split_share); `slots_of(mt)` gives the CTAs
+    that run at once."""
     mt = mt or token_tile(m, fmt)
-    splits = even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share)
-    return MmaConfig(mt, splits, cluster=cluster or cluster_of(mt))
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
 
 
 def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
