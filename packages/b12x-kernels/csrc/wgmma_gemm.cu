@@ -27,13 +27,9 @@
 //   most of the instructions the profile counted (schedulers 56% idle, issue-bound) at 128 tokens.
 //   chunk c: wait for stage c%S's barrier (its phase of chunk c); CTA barrier; copy chunk c+S-2 into the stage chunk
 //            c-2 used (its wgmmas finished in both warpgroups before the barrier: each waited for all but its newest
-//            wgmma group in chunk c-1); then chunk c's weights, one decode group (two k16 steps) at a time: decode it
-//            into A registers, issue its two wgmmas as a wgmma group of their own, wgmma.wait_group 1 (the group
-//            before is done, so its A registers may be written again: ptxas serializes every wgmma of a group whose
-//            A registers are written while it is in flight, C7513).
-// So decoding a group overlaps the tensor-core work of the group before (across chunks too), and S-2 chunks of
-// copies are in flight. (Before 2026-12-04 a whole chunk was decoded into one of two A register sets, 64 registers,
-// and its KB/16 wgmmas issued at once.) Weights are
+//            wgmma group in chunk c-1); decode chunk c's weights from its stage into A set c%2; issue its KB/16
+//            wgmmas; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so A set (c+1)%2 may be written next).
+// So decoding chunk c overlaps chunk c-1's tensor-core work and S-2 chunks of copies are in flight. Weights are
 // streamed with an L2 evict-first policy and x with evict-last: every 128-row block of CTAs re-reads x.
 #include "wgmma_common.cuh"
 
@@ -213,34 +209,31 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     }
   };
   if constexpr (!F::ACC) {
-    // Chunk c: see the header for why each step sits where it does.
-    for_chunks([&](int c, auto) {
+    // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
+    uint32_t a[2][STEPS][4];
+    for_chunks([&](int c, auto P) {
+      constexpr int par = decltype(P)::value;
       const unsigned stage = begin_chunk(c);
-      uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;  // a dead warp: zero codes at a zero scale decode to zeros
-      Sc s0{}, s1{};
       if (live) {
         const uint8_t* slot = ring + stage * SLOT;
-        w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-        w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-        s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
-        s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+        const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+        const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+        const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+        const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+        decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
+      } else {
+        zero_a(a[par]);
       }
+      fence_operands(d);
+      wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
       const uint32_t xs = xring_addr + stage * XBYTES;
       const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
-      fence_operands(d);
-      // Each decode group's two k16 steps go to the tensor cores as soon as they are decoded, as a wgmma group of
-      // their own, and the group before must be done before the next decode (ptxas serializes every wgmma of a group
-      // whose A registers are written while it is in flight: C7513), so one group multiplies while the next decodes.
-      static_for<GROUPS>([&](auto Gc) {
-        constexpr int g = decltype(Gc)::value;
-        uint32_t a[2][4];  // steps 2g and 2g + 1; their registers are free again once the next group's wait returns
-        decode_a<F, g, 1>(w0, w1, s0, s1, nullptr, lane, a);
-        wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
-        mma_async<TOK>(d, a[0], desc0 + uint64_t(32 * g));
-        mma_async<TOK>(d, a[1], desc0 + uint64_t(32 * g + 16));
-        wg_commit();
-        wg_wait<1>();
+      static_for<STEPS>([&](auto St) {
+        constexpr int s = decltype(St)::value;
+        mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
       });
+      wg_commit();
+      wg_wait<1>();
       fence_operands(d);
     });
     wg_wait<0>();
