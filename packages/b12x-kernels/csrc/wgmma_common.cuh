@@ -287,13 +287,6 @@ __device__ __forceinline__ void mma_ss<256>(float (&d)[128], uint64_t desc_a, ui
       : "memory");
 }
 
-// Named CTA barrier `id` (1..15; 0 is __syncthreads') of `count` threads: wait for it, or only count this warp in.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 // A plain arrival (no transaction bytes) on an mbarrier.
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");

@@ -25,14 +25,11 @@
 //   16 rows' scale bytes), so lane 0 of each warp issues two or three copies and arrives on the stage's barrier
 //   with their byte count (warp 0 adds the x block). No thread computes per-16-byte addresses any more: that was
 //   most of the instructions the profile counted (schedulers 56% idle, issue-bound) at 128 tokens.
-//   chunk c: the warp is done with chunk c-2 (it waited for all but its newest wgmma group in chunk c-1): it arrives
-//            on the x_empty barrier of chunk c-2's stage and copies its weight tile of chunk c+S-2 there (warp 4 also
-//            the x block, once every warp has arrived); waits for stage c%S's barrier (its phase of chunk c); decodes
-//            chunk c's weights into A set c%2; waits for its warpgroup's turn; issues its KB/16 wgmmas; hands the
-//            turn to the other warpgroup; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so A set (c+1)%2 may be
-//            written next).
-// So one warpgroup decodes while the other's wgmmas go to the tensor cores, and S-2 chunks of copies are in flight
-// (the formats with a per-chunk factor, below, take no turns). Weights are
+//   chunk c: wait for stage c%S's barrier (its phase of chunk c); CTA barrier; copy chunk c+S-2 into the stage chunk
+//            c-2 used (its wgmmas finished in both warpgroups before the barrier: each waited for all but its newest
+//            wgmma group in chunk c-1); decode chunk c's weights from its stage into A set c%2; issue its KB/16
+//            wgmmas; wgmma.wait_group 1 (chunk c-1's wgmmas are done, so A set (c+1)%2 may be written next).
+// So decoding chunk c overlaps chunk c-1's tensor-core work and S-2 chunks of copies are in flight. Weights are
 // streamed with an L2 evict-first policy and x with evict-last: every 128-row block of CTAs re-reads x.
 #include "wgmma_common.cuh"
 
@@ -126,11 +123,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 
   __shared__ int src_row[TOK], dst_row[TOK];
   __shared__ __align__(8) uint64_t full[S];  // stage s holds its chunk: every warp arrived, every byte landed
-  // stage s's x may take its next chunk: every warp is done with its last one (a warp's weight slots are its own)
-  __shared__ __align__(8) uint64_t x_empty[S];
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps), bar_init(&x_empty[s], kWarps);
+    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
@@ -152,10 +147,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const uint8_t* meta2_base = p.meta2 + tile_global * p.chunks * 16 * F::META2;  // nothing unless META2
   const uint8_t* x_base = staged + size_t(mtile) * MT * (KB * 16);
   const uint32_t w_bytes = live ? 1024 + 16 * F::META + 16 * F::META2 : 0;
-  // x is copied by the first warp of warpgroup 1, which multiplies second (below): what it waits for before a refill,
-  // every warp done with the stage's last chunk, warpgroup 0 reached first.
-  constexpr int kXWarp = 4;
-  const uint32_t expect_bytes = w_bytes + (warp == kXWarp ? x_bytes : 0);
+  const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
   auto issue_part = [&](int c, bool weights_part, bool x_part) {
     if (c >= c_end || lane != 0) return;
     const uint32_t stage = unsigned(c - c_begin) % S, bar = full_addr + 8 * stage;
@@ -172,11 +164,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
                         weights_policy);
       }
     }
-    if (x_part && warp == kXWarp && x_bytes) {
-      const unsigned i = unsigned(c - c_begin);
-      if (i >= unsigned(S)) bar_wait(&x_empty[stage], ((i - S) / S) & 1);  // its last chunk (i - S) is done
+    if (x_part && warp == 0 && x_bytes)
       bulk_copy_to(xring_addr + stage * XBYTES, x_base + size_t(c) * groups * (KB * 16), x_bytes, bar, x_policy);
-    }
   };
   auto issue = [&](int c) { issue_part(c, true, true); };
 
@@ -185,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 #pragma unroll
     for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
-  // IQ2's tables (dense only), after the first weights went out; tile_rows's barrier publishes them.
+  // IQ2's tables (dense only), after the first weights went out; begin_chunk's barrier publishes them.
   if constexpr (table_words<F>() > 0) fill_tables<F, kThreads>(tab, p.tables);
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
@@ -203,15 +192,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   using Sc = typename F::S;
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, GROUPED, true);  // dense: the weights went out above
-  // Chunk c's stage once its copies have landed. This warp is done with chunk c-2 (its wgmmas finished in chunk
-  // c-1's wait), whose stage takes chunk c+S-2 next: its word on x_empty, then its copies of chunk c+S-2 (kXWarp's x
-  // after every warp's word). No CTA barrier: a full[] phase needs every warp's arrival, so the warpgroups stay
-  // within S-2 chunks of each other, and take turns at the tensor cores (below).
+  // Chunk c's stage once its copies have landed; past the CTA barrier every warp is done with chunk c-2, whose stage
+  // then takes chunk c+S-2's copies (see the header).
   auto begin_chunk = [&](int c) {
     const unsigned i = unsigned(c - c_begin), stage = i % S;
-    if (lane == 0 && i >= 2 && c + S - 2 < c_end) bar_arrive(&x_empty[(i - 2) % S]);
-    issue(c + S - 2);
     bar_wait(&full[stage], (i / S) & 1);
+    __syncthreads();
+    issue(c + S - 2);
     return stage;
   };
   // chunk(c, P) over the split's chunks in order, P (the A register set, (c - c_begin) % 2) a constant.
@@ -223,13 +210,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   };
   if constexpr (!F::ACC) {
     // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
-    // The warpgroups take turns issuing a chunk's wgmmas (named barriers kTurn + u: warpgroup u may issue), so one
-    // decodes while the other's wgmmas run. A warpgroup's wgmma issue waits until the tensor cores take them; in
-    // step, both decoded at once and then both waited there, and the tensor pipe ran 44-53% of the time
-    // (docs/performance.md, 2026-12-04).
-    constexpr int kTurn = 1;
-    const int wg = warp >> 2;
-    if (wg == 1 && c_begin < c_end) named_bar_arrive(kTurn, 2 * 128);  // warpgroup 0 goes first
     uint32_t a[2][STEPS][4];
     for_chunks([&](int c, auto P) {
       constexpr int par = decltype(P)::value;
@@ -244,7 +224,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
       } else {
         zero_a(a[par]);
       }
-      named_bar_sync(kTurn + wg, 2 * 128);  // the other warpgroup has issued its last chunk
       fence_operands(d);
       wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
       const uint32_t xs = xring_addr + stage * XBYTES;
@@ -254,7 +233,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
         mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
       });
       wg_commit();
-      if (wg == 0 || c + 1 < c_end) named_bar_arrive(kTurn + 1 - wg, 2 * 128);  // the other's turn
       wg_wait<1>();
       fence_operands(d);
     });
