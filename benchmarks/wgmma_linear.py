@@ -11,7 +11,8 @@ replay time / copies. Weights are random valid codes written straight into the k
 random_shard, with the decode's power-of-two range set so values are ordinary). The wgmma kernel is timed at every
 token tile mt that suits M (8·mt tokens per CTA, all four linears alike, each linear at the K split that fills the GPU
 for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; from 32 tokens on, so is
-its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it); the mma.sync kernel at
+its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it), and with --wide its
+256-row CTAs (tiles 16, wgmma.wide_config; rows "wgmma_wide"); the mma.sync kernel at
 the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
 FP8_BLOCK and the IQ2 codecs run in the wgmma kernel with a per-chunk fp32 factor folded from partial sums (token
@@ -61,6 +62,8 @@ def main() -> None:
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--no-ws", dest="ws", action="store_false", help="skip the warp-specialized form (rt = 2)")
+    parser.add_argument("--wide", action="store_true", help="also time the 256-row CTAs (tiles 16; FP4, from 32 "
+                        "tokens; rows 'wgmma_wide')")  # fmt: skip
     parser.add_argument("--out", default="wgmma_linear.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--from-json", default=None, help="plot a saved run (no GPU)")
@@ -162,6 +165,13 @@ def main() -> None:
                           for mt in ws_tiles}  # fmt: skip
             ws_wss = {mt: workspaces(cs) for mt, cs in ws_configs.items()}
             ws_check = check_against_mma(ws_configs, ws_wss)
+            # the 256-row form (tiles 16): its token tiles up to twice M, one CTA an SM
+            wide_form = args.wide and m >= 32 and fmt in wgmma.WIDE_FORMATS
+            wide_tiles = [mt for mt in wgmma.WIDE_TOKEN_TILES if 8 * mt <= max(64, 2 * m)] if wide_form else []
+            wide_configs = {mt: [wgmma.wide_config(m, s.n, s.chunks, sms, mt, share[s.k]) for s in one_layer]
+                            for mt in wide_tiles}  # fmt: skip
+            wide_wss = {mt: workspaces(cs) for mt, cs in wide_configs.items()}
+            wide_check = check_against_mma(wide_configs, wide_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
             mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
@@ -205,6 +215,18 @@ def main() -> None:
                 print(f"M={m:<4} {fmt:<6} wgmma_ws {t_ws:8.1f} µs [{ws_label}] {t_w / t_ws:5.2f}x wgmma "
                       f"{base[m] / t_ws:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_ws.items())
                       + f" | check {ws_check:.1e}", flush=True)  # fmt: skip
+            if wide_tiles:
+                per_wide = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, wide_configs[mt], wide_wss[mt]),
+                                           len(layers), args.replays)
+                            for mt in wide_tiles}  # fmt: skip
+                best_wide = min(per_wide, key=per_wide.get)
+                t_wide = per_wide[best_wide]
+                wide_label = f"mt={best_wide} " + " ".join(str(c.splits) for c in wide_configs[best_wide])
+                rows.append(dict(m=m, format=fmt, kernel="wgmma_wide", config=wide_label, us=t_wide,
+                                 gbs=nbytes / t_wide / 1e3, per_nt_us=per_wide, check=wide_check))  # fmt: skip
+                print(f"M={m:<4} {fmt:<6} wgmma_wide {t_wide:8.1f} µs [{wide_label}] {t_w / t_wide:5.2f}x wgmma "
+                      f"{base[m] / t_wide:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_wide.items())
+                      + f" | check {wide_check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
@@ -234,7 +256,7 @@ def plot(rows: list, device: str, path: str) -> None:
     base = {r["m"]: r["us"] for r in rows if r["kernel"] == "F.linear"}
     fig, ax = plt.subplots(figsize=(7, 4))
     for fmt in dict.fromkeys(r["format"] for r in rows if r["kernel"] != "F.linear"):
-        for kernel, style in (("mma", "--"), ("wgmma", "-"), ("wgmma_ws", ":")):
+        for kernel, style in (("mma", "--"), ("wgmma", "-"), ("wgmma_ws", ":"), ("wgmma_wide", "-.")):
             pts = sorted((r["m"], base[r["m"]] / r["us"]) for r in rows if r["format"] == fmt and r["kernel"] == kernel)
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{fmt} {kernel}")

@@ -7,7 +7,8 @@ mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it ru
 under every token tile (and the warp-specialized form, rt = 2, at its 64-256-token tiles), K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
-to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset).
+to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset); the
+256-row CTAs (tiles 16, FP4; not yet run on a GPU, so no backend picks them) under the same checks.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         ({}, dict(staged=0), "staged scratch"),
         ({}, dict(order=16), "grouped needs the block table"),
         (dict(mt=2), dict(order=16, table=16, blocks=1), "grouped form runs mt 4, 8 or 16"),
+        (dict(tiles=12), {}, "tiles must be 8, or 16"),
+        (dict(tiles=16, mt=4), {}, "tiles must be 8, or 16"),
+        (dict(tiles=16, mt=8, format=format_id("FP8"), chunks=2), {}, "tiles must be 8, or 16"),
+        (dict(tiles=16, mt=8, rt=2), {}, "tiles must be 8, or 16"),
+        (dict(tiles=16, mt=8), dict(order=16, table=16, blocks=1), "grouped form runs 128-row CTAs"),
         (dict(resident=1), {}, "resident activations are mma_gemm's"),
         (dict(x_quant=1, x_quant_scale=1.0), {}, "quantized in the kernel are mma_gemm's"),
         ("short", {}, "interface.h differ"),
@@ -106,6 +112,11 @@ def test_token_tiles_and_staging_sizes():
         assert config.rt == 2 and config.mt == mt and 1 <= config.splits <= 16
     with pytest.raises(ValueError, match="token tile"):
         wgmma.ws_config(64, 4096, 64, 132, 4)
+    for mt in wgmma.WIDE_TOKEN_TILES:  # 256-row CTAs, one an SM: 16 row blocks of 4096 rows at 64 tokens, K split
+        config = wgmma.wide_config(64, 4096, 64, 132, mt)
+        assert config.tiles == 16 and config.rt == 1 and config.mt == mt and 1 < config.splits <= 16
+    with pytest.raises(ValueError, match="token tile"):
+        wgmma.wide_config(64, 4096, 64, 132, 4)
     for fmt in FORMATS:
         ck = geometry.chunk_k(fmt)
         # whole groups of 8 tokens × K padded to whole chunks, bf16
@@ -260,6 +271,21 @@ def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hop
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4"])
+def test_256_row_ctas_match_the_reference_and_the_mma_kernel(rng, hopper, fmt):
+    """tiles = 16: four warpgroups a CTA, each decode group's wgmmas a group of their own (csrc/wgmma_gemm.cu). N as
+    above: one CTA of 15 dead warps (N = 16), one with a dead warpgroup and a partial tile (200), a second CTA partly
+    dead (424); M over partial and several token tiles; K whole and split."""
+    from b12x_core.tensor_core import gemm, wgmma
+
+    def configs_of(chunks):
+        return [gemm.MmaConfig(mt, splits, tiles=wgmma.WIDE_TILES) for mt in wgmma.WIDE_TOKEN_TILES
+                for splits in sorted({1, min(3, chunks)})]  # fmt: skip
+
+    _held_to_the_reference_and_the_mma_kernel(rng, fmt, [1, 37, 129, 200], configs_of)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("epilogue", ["silu", "relu2"])
 def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
     from b12x_core.tensor_core import gemm
@@ -287,6 +313,10 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
     w64 = torch.from_numpy(bf.dequantize(qw)).double()
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
     dense = [gemm.MmaConfig(mt, splits) for mt in (FACTOR_MTS if factor else MTS) for splits in (1, 4)]
+    if fmt in wgmma.WIDE_FORMATS:  # 256-row CTAs
+        dense += [
+            gemm.MmaConfig(mt, splits, tiles=wgmma.WIDE_TILES) for mt in wgmma.WIDE_TOKEN_TILES for splits in (1, 4)
+        ]
     warp_specialized = [] if factor else [gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in (1, 4)]
     for config in dense + warp_specialized:
         first = _run(x, shards, n, None, config)
@@ -294,7 +324,8 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
     staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream
-    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2)):
+    wide = [] if fmt not in wgmma.WIDE_FORMATS else [gemm.MmaConfig(16, 4, tiles=wgmma.WIDE_TILES)]
+    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2), *wide):
         ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
         graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))  # noqa: B023
         for _ in range(3):

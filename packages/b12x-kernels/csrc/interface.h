@@ -82,7 +82,7 @@ struct MmaPlan {
   int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)
   int rt;                         // row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)
   int splits;                     // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
-  int tiles;                      // mma_gemm: row tiles of 16 per CTA, 8, or 6 / 7 at mt 1 and rt 1 (wgmma_gemm: unread)
+  int tiles;                      // row tiles of 16 per CTA: 8; mma_gemm 6 / 7 at mt 1 and rt 1; wgmma_gemm 16 (FP4, mt 8 / 16)
   int epilogue;                   // MmaOut
   int top_k;                      // grouped: a slot's input row is slot / top_k (0: the slot itself)
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)

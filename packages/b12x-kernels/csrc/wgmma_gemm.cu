@@ -36,33 +36,39 @@
 namespace b12x {
 namespace wgmma {
 
-constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps == 8, "two warpgroups of four warps");
+// Warps (row tiles of 16) a CTA: kWarps (128 rows, two warpgroups), or kWideWarps (256 rows, four warpgroups;
+// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles; unregistered: not yet run on a GPU). Why the wide form: Nsight
+// Compute (docs/performance.md, 2026-12-04) found the tensor pipe busy 44-53% of the time at 64-1024 tokens against
+// cuBLAS's 91-95% on the same wgmma count, with two warps a scheduler at 128-token tiles (32% issue active):
+// too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
+// their registers (128 a thread) fit because they decode and multiply one decode group at a time (below).
+constexpr int kWideWarps = 16;
 
 // CTAs per SM: two up to 64 tokens (16 warps an SM to hide the decode's latencies; 128 registers a thread and at
-// most 110 KB of shared memory each), one at 128 tokens (its accumulators alone take 64 registers).
-template <int MT>
+// most 110 KB of shared memory each), one at 128 tokens (its accumulators alone take 64 registers) or 256 rows.
+template <int MT, int W = kWarps>
 constexpr int min_blocks() {
-  return MT <= 8 ? 2 : 1;
+  return W == kWarps && MT <= 8 ? 2 : 1;
 }
 template <class F, int MT>
 constexpr int x_stage_bytes() {
   return 8 * MT * F::KB * 2;
 }
-template <class F, int MT>
+template <class F, int MT, int W = kWarps>
 constexpr int stage_bytes() {
-  return x_stage_bytes<F, MT>() + kWarps * slot_bytes<F>();
+  return x_stage_bytes<F, MT>() + W * slot_bytes<F>();
 }
 // Stages of the shared-memory ring: as many as fit the CTA's share of the SM beside the IQ2 tables (mma_gemm.cuh's
 // table_words, replicated over the banks; none for the other formats), 3..6 (S-2 chunks in flight).
-template <class F, int MT>
+template <class F, int MT, int W = kWarps>
 constexpr int stages() {
-  constexpr int fit = (220 * 1024 / min_blocks<MT>() - table_words<F>() * 4) / stage_bytes<F, MT>();
+  constexpr int fit = (220 * 1024 / min_blocks<MT, W>() - table_words<F>() * 4) / stage_bytes<F, MT, W>();
   return fit > 6 ? 6 : fit < 3 ? 3 : fit;
 }
-template <class F, int MT>
+template <class F, int MT, int W = kWarps>
 constexpr int smem_bytes() {
-  return table_words<F>() * 4 + stages<F, MT>() * stage_bytes<F, MT>();
+  return table_words<F>() * 4 + stages<F, MT, W>() * stage_bytes<F, MT, W>();
 }
 
 // A dead warp's A registers: zeros (wgmma is collective, so it multiplies them all the same).
@@ -95,14 +101,15 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
 }
 
 // ---------------------------------------------------------------------------------------------- GEMM
-// grid (token tiles, or table blocks when GROUPED, K splits, 128-row blocks), as mma_gemm's.
-template <class F, int MT, bool GROUPED = false>
-__global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(const MmaParams p,
-                                                                                   const uint8_t* staged) {
+// grid (token tiles, or table blocks when GROUPED, K splits, blocks of 16·W rows), as mma_gemm's; W warps.
+template <class F, int MT, bool GROUPED = false, int W = kWarps>
+__global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel(const MmaParams p,
+                                                                                    const uint8_t* staged) {
 #ifdef B12X_WGMMA_DEVICE
   static_assert(!(F::ACC && GROUPED), "the grouped form runs formats without a per-chunk fp32 factor");
+  static_assert(W == kWarps || (W == kWideWarps && !F::ACC && !GROUPED), "256-row CTAs: dense, no per-chunk factor");
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int TOK = 8 * MT, KB = F::KB, E = F::E, S = stages<F, MT>();
+  constexpr int TOK = 8 * MT, KB = F::KB, E = F::E, S = stages<F, MT, W>();
   constexpr int STEPS = KB / 16;  // k16 steps per chunk (E/4: each takes 4 elements of every lane)
   constexpr int GROUPS = E / 8;   // decode8 groups per chunk: two steps each
   constexpr int XBYTES = x_stage_bytes<F, MT>(), SLOT = slot_bytes<F>();
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   const int mtile = blockIdx.x, split = blockIdx.y, nblk = blockIdx.z;
   const int c_begin = split * p.chunks_per_split;
   const int c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int tile_base = nblk * kWarps + warp;  // this warp's row tile (wgmma rows 16·(warp%4) of its warpgroup)
+  const int tile_base = nblk * W + warp;  // this warp's row tile (wgmma rows 16·(warp%4) of its warpgroup)
   const bool live = tile_base < p.n16;         // uniform per warp; dead warps feed zeros (wgmma is collective)
   uint32_t* tab = reinterpret_cast<uint32_t*>(smem);  // IQ2's grid and sign tables (mma_gemm.cuh), else nothing
   uint8_t* xring = smem + table_words<F>() * 4;        // S stages of x
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
   __shared__ __align__(8) uint64_t full[S];  // stage s holds its chunk: every warp arrived, every byte landed
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) bar_init(&full[s], kWarps);
+    for (int s = 0; s < S; ++s) bar_init(&full[s], W);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Chunk c (the i-th of this split) into stage i % S: lane 0 of each warp copies the warp's weight tile (codes, then
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
   // IQ2's tables (dense only), after the first weights went out; begin_chunk's barrier publishes them.
-  if constexpr (table_words<F>() > 0) fill_tables<F, kThreads>(tab, p.tables);
+  if constexpr (table_words<F>() > 0) fill_tables<F, 32 * W>(tab, p.tables);
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
   if (expert < 0) return;
@@ -212,28 +219,55 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
     // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
     uint32_t a[2][STEPS][4];
     for_chunks([&](int c, auto P) {
-      constexpr int par = decltype(P)::value;
       const unsigned stage = begin_chunk(c);
-      if (live) {
-        const uint8_t* slot = ring + stage * SLOT;
-        const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-        const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-        const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
-        const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
-        decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
-      } else {
-        zero_a(a[par]);
-      }
-      fence_operands(d);
-      wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
       const uint32_t xs = xring_addr + stage * XBYTES;
       const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
-      static_for<STEPS>([&](auto St) {
-        constexpr int s = decltype(St)::value;
-        mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
-      });
-      wg_commit();
-      wg_wait<1>();
+      if constexpr (W == kWarps) {
+        constexpr int par = decltype(P)::value;
+        if (live) {
+          const uint8_t* slot = ring + stage * SLOT;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+          const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+          const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+          const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+          decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
+        } else {
+          zero_a(a[par]);
+        }
+        fence_operands(d);
+        wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
+        static_for<STEPS>([&](auto St) {
+          constexpr int s = decltype(St)::value;
+          mma_async<TOK>(d, a[par][s], desc0 + uint64_t(16 * s));
+        });
+        wg_commit();
+        wg_wait<1>();
+      } else {
+        // 256-row CTAs (128 registers a thread): one decode group (two k16 steps) at a time, its two wgmmas a group
+        // of their own, the group before waited for before the next decode (ptxas serializes every wgmma of a group
+        // whose A registers are written while it is in flight: C7513); 8 registers of A instead of 64. (With two
+        // warpgroups this form measured -2% to +6% against the whole chunk: docs/performance.md, 2026-12-04.)
+        uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;  // a dead warp: zero codes at a zero scale decode to zeros
+        Sc s0{}, s1{};
+        if (live) {
+          const uint8_t* slot = ring + stage * SLOT;
+          w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+          w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+          s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+          s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+        }
+        fence_operands(d);
+        static_for<GROUPS>([&](auto Gc) {
+          constexpr int g = decltype(Gc)::value;
+          uint32_t ag[2][4];  // steps 2g and 2g + 1
+          decode_a<F, g, 1>(w0, w1, s0, s1, nullptr, lane, ag);
+          wg_fence();
+          mma_async<TOK>(d, ag[0], desc0 + uint64_t(32 * g));
+          mma_async<TOK>(d, ag[1], desc0 + uint64_t(32 * g + 16));
+          wg_commit();
+          wg_wait<1>();
+        });
+      }
       fence_operands(d);
     });
     wg_wait<0>();
@@ -318,11 +352,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT>()) wgmma_gemm_kernel(
 #endif  // B12X_WGMMA_DEVICE
 }
 
-template <class F, int MT>
+template <class F, int MT, int W = kWarps>
 cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<F, MT>();
+  constexpr int bytes = smem_bytes<F, MT, W>();
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   const bool grouped = p.order != nullptr;
+  if (W != kWarps && grouped) return cudaErrorInvalidValue;  // 256-row CTAs are dense (module.cpp refuses it first)
   if constexpr (MT < 4 || F::ACC) {
     if (grouped) return cudaErrorInvalidValue;  // 32-128-token tiles of formats without a per-chunk factor only
   }
@@ -334,17 +369,17 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
                             : launch_kernel(p.pdl, stage_x_kernel<F>, dim3(stage_blocks), dim3(256), 0, stream, p.x,
                                             staged, p.M, p.K, p.chunks, groups);
   if (err != cudaSuccess) return err;
-  auto kernel = wgmma_gemm_kernel<F, MT, false>;
+  auto kernel = wgmma_gemm_kernel<F, MT, false, W>;
   if constexpr (F::ACC) {
     if (grouped) return cudaErrorInvalidValue;  // the grouped form runs formats without a per-chunk fp32 factor
-  } else if constexpr (MT >= 4) {
+  } else if constexpr (MT >= 4 && W == kWarps) {
     if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int mtiles = grouped ? p.blocks : (p.M + 8 * MT - 1) / (8 * MT);  // grouped: one CTA per table block
-  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, (p.n16 + kWarps - 1) / kWarps), dim3(kThreads), bytes,
-                       stream, p, staged);
+  return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, (p.n16 + W - 1) / W), dim3(32 * W), bytes, stream, p,
+                       staged);
 }
 
 template <class F, int MT>
@@ -353,7 +388,7 @@ int blocks_per_sm() {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
     return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes<F, MT>()) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps, smem_bytes<F, MT>()) != cudaSuccess)
     return 0;
   return blocks;
 }
@@ -393,6 +428,25 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
   return with_format(format, fallback, tiles);
 }
 
+// fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles of the 256-row form (MmaPlan::tiles 16:
+// FP4, whose 128-wide chunks amortize a CTA's copies and barriers best, at the token tiles that run one CTA an SM),
+// `fallback` for others.
+template <class R, class Fn>
+R with_wide_config(int format, int mt, R fallback, Fn&& fn) {
+  auto tiles = [&](auto f) -> R {
+    switch (mt) {
+      case 8: return fn(f, std::integral_constant<int, 8>{});
+      case 16: return fn(f, std::integral_constant<int, 16>{});
+      default: return fallback;
+    }
+  };
+  switch (format) {
+    case FMT_NVFP4: return tiles(FmtFP4<true>{});
+    case FMT_MXFP4: return tiles(FmtFP4<false>{});
+    default: return fallback;
+  }
+}
+
 // The device runs sm_90a code (compute capability 9.0 exactly), asked once per device.
 bool on_sm90(int device) {
   static int known[64] = {};  // 0 unknown, 1 yes, 2 no
@@ -426,6 +480,9 @@ const char* wgmma_plan_error(const MmaPlan& p) {
     return "wgmma_gemm: format must be one without a per-chunk fp32 factor for the warp-specialized form (rt 2)";
   if (p.rt == 2 && !wgmma_ws_token_tile(p.format, p.mt)) return "wgmma_gemm: with rt 2, mt must be 8, 16 or 32";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
+  if (p.tiles != kWarps &&
+      !(p.tiles == kWideWarps && p.rt == 1 && with_wide_config(p.format, p.mt, false, [](auto, auto) { return true; })))
+    return "wgmma_gemm: tiles must be 8, or 16 (256-row CTAs) for NVFP4 / MXFP4 at mt 8 or 16 with rt 1";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "wgmma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
   if (p.ldy < p.N && p.epilogue != MMA_OUT_SILU && p.epilogue != MMA_OUT_F32) return "wgmma_gemm: need ldy >= N";
@@ -463,6 +520,10 @@ cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
   if (plan.rt == 2) return wgmma_ws_launch(p, staged, stream);
+  if (plan.tiles == kWideWarps)
+    return with_wide_config(plan.format, plan.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
+      return launch<decltype(f), decltype(m)::value, kWideWarps>(p, staged, stream);
+    });
   return with_config(plan.format, plan.mt, cudaErrorInvalidValue,
                      [&](auto f, auto m) { return launch<decltype(f), decltype(m)::value>(p, staged, stream); });
 }

@@ -41,6 +41,11 @@ WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: deco
 # reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
+# wgmma_gemm's 256-row CTAs (MmaPlan::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles.
+# Built 2026-12-04 without device time: not yet run on a GPU, so no backend picks them.
+WGMMA_WIDE_TILES = 16
+WGMMA_WIDE_FORMATS = ("NVFP4", "MXFP4")
+WGMMA_WIDE_TOKEN_TILES = (8, 16)
 # The grouped mma_gemm routed in the kernel (MmaCall::ids, no block table): each CTA counts and ranks the slots in
 # shared memory, so a call takes at most this many token slots over at most this many experts.
 ROUTE_MAX_SLOTS = 1024
@@ -124,7 +129,7 @@ MmaPlan = _block(
         ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)"),
         ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
-        ("tiles", "int", "mma_gemm: row tiles of 16 per CTA, 8, or 6 / 7 at mt 1 and rt 1 (wgmma_gemm: unread)"),
+        ("tiles", "int", "row tiles of 16 per CTA: 8; mma_gemm 6 / 7 at mt 1 and rt 1; wgmma_gemm 16 (FP4, mt 8 / 16)"),
         ("epilogue", "int", "MmaOut"),
         ("top_k", "int", "grouped: a slot's input row is slot / top_k (0: the slot itself)"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),

@@ -7,6 +7,8 @@ MmaShard (a fused linear's shards are one where they merge: gemm.prepare). The g
 table, token tiles of 32-128) runs a fused MoE's GEMMs and equals the mma.sync grouped form on the GPU; no backend
 uses it yet. Plans with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too),
 correct on the GPU but 0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
+Plans with tiles = WIDE_TILES (`wide_config`) run 256-row CTAs of four warpgroups (FP4 at 64- and 128-token tiles),
+built without device time: not yet run on a GPU, so nothing picks them either.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a p
 from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
+from b12x_kernels.interface import WGMMA_WIDE_FORMATS as WIDE_FORMATS  # 256-row CTAs (wide_config)
+from b12x_kernels.interface import WGMMA_WIDE_TILES as WIDE_TILES
+from b12x_kernels.interface import WGMMA_WIDE_TOKEN_TILES as WIDE_TOKEN_TILES
 from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
-from .geometry import chunk_k, output_tiles, token_tiles
+from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
-           "WS_TOKEN_TILES", "default_config", "launch", "run", "slots", "staged_bytes", "token_tile", "token_tiles_of",
-           "ws_config"]  # fmt: skip
+           "WIDE_FORMATS", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
+           "staged_bytes", "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
@@ -91,6 +96,17 @@ def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0
     if mt not in WS_TOKEN_TILES:
         raise ValueError(f"the warp-specialized form's token tile is one of {WS_TOKEN_TILES}, not {mt}")
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms, share=share), rt=2)
+
+
+def wide_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
+    """The 256-row form (tiles = WIDE_TILES: four warpgroups a CTA, one CTA an SM; csrc/wgmma_gemm.cu) at token tile
+    mt, with the K split that fills the GPU. Not yet run on a GPU (built 2026-12-04 after the device time ran out),
+    so no backend picks it."""
+    if mt not in WIDE_TOKEN_TILES:
+        raise ValueError(f"the 256-row form's token tile is one of {WIDE_TOKEN_TILES}, not {mt}")
+    rows = WIDE_TILES * TILE_ROWS
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n, rows), chunks, sms, share=share),
+                     tiles=WIDE_TILES)  # fmt: skip
 
 
 def staged_bytes(fmt: str, rows: int, k: int) -> int:
