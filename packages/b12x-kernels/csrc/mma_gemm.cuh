@@ -50,6 +50,8 @@ struct MmaParams : MmaPlan, MmaCall {
   const int* block_expert;  // grouped: the block table's rows (MmaCall::table)
   const int* block_start;
   const int* block_rows;
+  // Grouped (a fused MoE's GEMMs): routed by a block table (order) or in the kernel (ids); a CTA a table block.
+  __host__ __device__ bool grouped() const { return order != nullptr || ids != nullptr; }
 };
 
 // ---------------------------------------------------------------------------------------------- helpers
@@ -812,7 +814,7 @@ __global__ void __launch_bounds__(32 * TILES / RT, min_blocks<F, MT, TILES>()) m
   };
   // Dense, the weight rows are known before the previous kernel ends: their first copies go out before the wait
   // (launch.cuh); grouped, the block table names the expert, so they wait for the kernel that wrote it.
-  const bool grouped = p.order != nullptr || p.ids != nullptr;
+  const bool grouped = p.grouped();
   if (!grouped) issue_first(WeightStream<F, RT>(p, tile_base, tile_base, lane));
   if constexpr (table_words<F>() > 0) fill_tables<F, THREADS>(tab, p.tables);  // constant: before the wait too
   grid_dependency_wait();
@@ -1023,7 +1025,7 @@ R with_kernel(int mt, int rt, int tiles, R fallback, Fn&& fn) {
 
 template <class F>
 cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblocks, cudaStream_t stream) {
-  const int mtiles = p.order || p.ids ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: a CTA a table block
+  const int mtiles = p.grouped() ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: a CTA a table block
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
     if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here), dense or grouped
