@@ -164,7 +164,8 @@ PYBIND11_MODULE(_C, m) {
         if (order && (!table || blocks < 1 || p.N % 16))
           throw std::invalid_argument("wgmma_gemm: grouped needs the block table, blocks >= 1 and N % 16 == 0");
         if (order && p.mt < 4) throw std::invalid_argument("wgmma_gemm: the grouped form runs mt 4, 8 or 16");
-        if (order && p.tiles != 8) throw std::invalid_argument("wgmma_gemm: the grouped form runs 128-row CTAs (tiles 8)");
+        if (order && p.tiles != 8)
+          throw std::invalid_argument("wgmma_gemm: the grouped form runs 128-row CTAs (tiles 8)");
         if (order && (p.format == b12x::FMT_FP8_BLOCK || p.format == b12x::FMT_IQ2_XS || p.format == b12x::FMT_IQ2_XXS))
           throw std::invalid_argument("wgmma_gemm: the grouped form runs formats without a per-chunk fp32 factor");
         b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
