@@ -222,14 +222,19 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
       const unsigned stage = begin_chunk(c);
       const uint32_t xs = xring_addr + stage * XBYTES;
       const uint64_t desc0 = smem_desc<KB * 16>(xs);  // step s starts 256 bytes on: its address field (bytes / 16) + 16·s
+      // the lane's codes of rows q and q + 8 and their scales; a dead warp's: zero codes at a zero scale, zeros
+      uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+      Sc s0{}, s1{};
+      if (live) {
+        const uint8_t* slot = ring + stage * SLOT;
+        w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
+        w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+        s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
+        s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
+      }
       if constexpr (W == kWarps) {
         constexpr int par = decltype(P)::value;
         if (live) {
-          const uint8_t* slot = ring + stage * SLOT;
-          const uint4 w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-          const uint4 w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-          const Sc s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
-          const Sc s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
           decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
         } else {
           zero_a(a[par]);
@@ -247,15 +252,6 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
         // of their own, the group before waited for before the next decode (ptxas serializes every wgmma of a group
         // whose A registers are written while it is in flight: C7513); 8 registers of A instead of 64. (With two
         // warpgroups this form measured -2% to +6% against the whole chunk: docs/performance.md, 2026-12-04.)
-        uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;  // a dead warp: zero codes at a zero scale decode to zeros
-        Sc s0{}, s1{};
-        if (live) {
-          const uint8_t* slot = ring + stage * SLOT;
-          w0 = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-          w1 = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-          s0 = F::scale(slot + 1024 + q * F::META, nullptr, t, w0, p.scale_mul);
-          s1 = F::scale(slot + 1024 + (8 + q) * F::META, nullptr, t, w1, p.scale_mul);
-        }
         fence_operands(d);
         static_for<GROUPS>([&](auto Gc) {
           constexpr int g = decltype(Gc)::value;
