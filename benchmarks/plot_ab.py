@@ -1,7 +1,8 @@
 """A kernel change against the kernel it replaces, from `wgmma_linear.py` runs made by `tools/kernel_ab.sh` (one run
 a build, same call): per format and token count, the changed kernel's layer time over the base's, each at its best
-token tile. Below 1 the change is faster. A run with `--clusters` holds its own A/B (clusters sharing x against
-lone CTAs at the same tiles): name it alone, with a cluster size.
+token tile. Below 1 the change is faster. The cluster experiment's runs (docs/results/wgmma_cluster_ab_*, made while
+`wgmma_linear.py` had a `--clusters` option, reverted with the kernel) hold their own A/B, clusters sharing x against
+lone CTAs at the same tiles: name such a run alone, with a cluster size.
 
     python benchmarks/plot_ab.py OUT.png "LABEL=BASE.json,NEW.json" ["LABEL=RUN.json@2" ...]
 """
