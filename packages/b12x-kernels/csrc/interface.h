@@ -12,6 +12,7 @@ constexpr int MMA_LANE_BYTES = 16;
 constexpr int MMA_QUAD = 4;
 constexpr int MMA_ROUTE_MAX_SLOTS = 1024;
 constexpr int MMA_ROUTE_MAX_EXPERTS = 1024;
+constexpr int MMA_WGMMA_WIDE_TILES = 16;
 constexpr int MMA_CHUNK_K_FP8 = 64;
 constexpr int MMA_CHUNK_K_FP8_BLOCK = 64;
 constexpr int MMA_CHUNK_K_MXFP8 = 64;

@@ -43,7 +43,7 @@ static_assert(kWarps == 8, "two warpgroups of four warps");
 // cuBLAS's 91-95% on the same wgmma count, with two warps a scheduler at 128-token tiles (32% issue active):
 // too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
 // their registers (128 a thread) fit because they decode and multiply one decode group at a time (below).
-constexpr int kWideWarps = 16;
+constexpr int kWideWarps = MMA_WGMMA_WIDE_TILES;
 
 // CTAs per SM: two up to 64 tokens (16 warps an SM to hide the decode's latencies; 128 registers a thread and at
 // most 110 KB of shared memory each), one at 128 tokens (its accumulators alone take 64 registers) or 256 rows.

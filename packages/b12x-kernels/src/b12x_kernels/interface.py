@@ -155,7 +155,8 @@ def pack(block: type[ctypes.Structure], **fields) -> bytes:
 def header() -> str:
     lines = [f"// {_NOTE}", "#pragma once", "#include <cstdint>", "", "namespace b12x {", ""]
     lines.append("// The tensor-core GEMM's geometry (b12x_core.tensor_core.geometry reads the same module).")
-    names = ("TILE_ROWS", "TILES_PER_CTA", "ROWS_PER_CTA", "LANE_BYTES", "QUAD", "ROUTE_MAX_SLOTS", "ROUTE_MAX_EXPERTS")
+    names = ("TILE_ROWS", "TILES_PER_CTA", "ROWS_PER_CTA", "LANE_BYTES", "QUAD", "ROUTE_MAX_SLOTS", "ROUTE_MAX_EXPERTS",
+             "WGMMA_WIDE_TILES")  # fmt: skip
     for name in names:
         lines.append(f"constexpr int MMA_{name} = {globals()[name]};")
     for fmt in LAYOUTS:
