@@ -117,6 +117,12 @@ def test_token_tiles_and_staging_sizes():
         assert config.tiles == 16 and config.rt == 1 and config.mt == mt and 1 < config.splits <= 16
     with pytest.raises(ValueError, match="token tile"):
         wgmma.wide_config(64, 4096, 64, 132, 4)
+    for fmt in FORMATS + FACTOR_FORMATS:  # the plans' pick: 256-row CTAs for the FP4 formats at large M only
+        for m in (1, 16, 256, 4096):
+            config = wgmma.default_config(m, 4096, 32, lambda mt: 132, fmt=fmt, sms=132)
+            wide = fmt in wgmma.WIDE_FORMATS and m >= wgmma.WIDE_FROM
+            assert (config.tiles == wgmma.WIDE_TILES) == wide and (not wide or config.mt in wgmma.WIDE_TOKEN_TILES)
+            assert wgmma.default_config(m, 4096, 32, lambda mt: 132, fmt=fmt).tiles == 8  # the GPU's size unknown
     for fmt in FORMATS:
         ck = geometry.chunk_k(fmt)
         # whole groups of 8 tokens × K padded to whole chunks, bf16
@@ -283,6 +289,29 @@ def test_256_row_ctas_match_the_reference_and_the_mma_kernel(rng, hopper, fmt):
                 for splits in sorted({1, min(3, chunks)})]  # fmt: skip
 
     _held_to_the_reference_and_the_mma_kernel(rng, fmt, [1, 37, 129, 200], configs_of)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4"])
+def test_plans_run_256_row_ctas_from_wide_from_tokens(rng, hopper, fmt):
+    """A plan of the wgmma backend alone gives its FP4 calls of WIDE_FROM tokens and more 256-row CTAs (the
+    backend's own scratch and tickets), and they match the reference; below, 128-row ones."""
+    from b12x_core import plan
+    from b12x_core.backends import DeviceInfo, Query
+    from b12x_core.backends.tensor_core_wgmma import TensorCoreWgmma
+    from b12x_core.tensor_core import wgmma
+    from b12x_core.weights import DeviceWeights
+
+    n, k, m = 424, 7 * 128, wgmma.WIDE_FROM + 3
+    qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
+    device = DeviceInfo.of(torch.device("cuda"))
+    q = Query("linear", fmt, "bf16", "bf16", device, n=n, k=k, max_tokens=m)
+    p = plan.build(q, DeviceWeights([qw], "bf16", None, device.device), only=TensorCoreWgmma)
+    assert p.for_tokens(m).config.get("rows") == 256 and "rows" not in p.for_tokens(wgmma.WIDE_FROM - 1).config
+    cpu = bc.prepare_linear(qw, max_tokens=m)
+    for tokens in (m, wgmma.WIDE_FROM - 1):
+        x = torch.from_numpy(rng.standard_normal((tokens, k)).astype(np.float32)).to(torch.bfloat16)
+        close(p.for_tokens(tokens).run(x.cuda(), None).cpu(), bc.linear(x, cpu))
 
 
 @pytest.mark.gpu

@@ -54,7 +54,8 @@ class TensorCoreWgmma(Backend):
         slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)}
 
         def config_of(m: int) -> dict:
-            c = wgmma.default_config(m, q.n, chunks, slots.get, share=gemm.split_share(q.format, m, q.k), fmt=q.format)
+            share = gemm.split_share(q.format, m, q.k)
+            c = wgmma.default_config(m, q.n, chunks, slots.get, share=share, fmt=q.format, sms=q.device.sms)
             return c.plan_row()
 
         return config_ranges(lo, hi, config_of)

@@ -7,8 +7,8 @@ MmaShard (a fused linear's shards are one where they merge: gemm.prepare). The g
 table, token tiles of 32-128) runs a fused MoE's GEMMs and equals the mma.sync grouped form on the GPU; no backend
 uses it yet. Plans with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too),
 correct on the GPU but 0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
-Plans with tiles = WIDE_TILES (`wide_config`) run 256-row CTAs of four warpgroups (FP4 at 64- and 128-token tiles),
-built without device time: not yet run on a GPU, so nothing picks them either.
+Plans with tiles = WIDE_TILES (`wide_config`) run 256-row CTAs of four warpgroups (FP4 at 64- and 128-token tiles):
+the plans' FP4 form from WIDE_FROM tokens on (default_config).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
-           "WIDE_FORMATS", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
+           "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
            "staged_bytes", "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
@@ -57,6 +57,10 @@ TILE_UPTO = {
     **dict.fromkeys(FACTOR_FORMATS, TILE_UPTO_Q8),
 }
 TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
+# 256-row CTAs of 128-token tiles (wide_config) from here on, FP4 only: measured on the 8B layer (2026-12-04,
+# wgmma_linear.py --wide, same run) NVFP4 852 / 3488 µs at 1024 / 4096 tokens against 916 / 3822 with 128-row CTAs,
+# but 520 against 481 at 512 and slower below (four warps a scheduler hide the decode only where the tiles are many).
+WIDE_FROM = 1024
 
 
 def token_tiles_of(fmt: str) -> tuple[int, ...]:
@@ -81,10 +85,13 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
 
 
 def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0,
-                   fmt: str = "NVFP4") -> MmaConfig:  # fmt: skip
+                   fmt: str = "NVFP4", sms: int | None = None) -> MmaConfig:  # fmt: skip
     """The token tile of `fmt` for M (token_tile; or the given mt), and the K split that fills the GPU
     (gemm.even_split, each split's partials weighed by `share`: gemm.split_share); `slots_of(mt)` gives the CTAs
-    that run at once."""
+    that run at once. Given the GPU's `sms` and no mt, from WIDE_FROM tokens on the FP4 formats run 256-row CTAs
+    (wide_config)."""
+    if mt is None and sms and fmt in WIDE_FORMATS and m >= WIDE_FROM:
+        return wide_config(m, n, chunks, sms, WIDE_TOKEN_TILES[-1], share)
     mt = mt or token_tile(m, fmt)
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
 
@@ -100,8 +107,7 @@ def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0
 
 def wide_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
     """The 256-row form (tiles = WIDE_TILES: four warpgroups a CTA, one CTA an SM; csrc/wgmma_gemm.cu) at token tile
-    mt, with the K split that fills the GPU. Not yet run on a GPU (built 2026-12-04 after the device time ran out),
-    so no backend picks it."""
+    mt, with the K split that fills the GPU."""
     if mt not in WIDE_TOKEN_TILES:
         raise ValueError(f"the 256-row form's token tile is one of {WIDE_TOKEN_TILES}, not {mt}")
     rows = WIDE_TILES * TILE_ROWS
