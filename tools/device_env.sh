@@ -1,7 +1,8 @@
 # Sourced by the device scripts (gpu_tests.sh, device_tables.sh, device_check.sh): what the lent device lacks.
 # - Python packages carried as wheels in .whl/ (gguf: the tests' oracle), installed under /tmp/site.
 # - install_kernels: b12x-kernels from B12X_WHEEL (a wheel built earlier for this Python; default: the cp312 one in
-#   .whl/) when it imports here, otherwise built from the tree (B12X_CUDA_ARCHS, CMAKE_BUILD_PARALLEL_LEVEL).
+#   .whl/) when it imports here, with the tree's Python modules over the wheel's, otherwise built from the tree
+#   (B12X_CUDA_ARCHS, CMAKE_BUILD_PARALLEL_LEVEL).
 if ls .whl/gguf-*.whl > /dev/null 2>&1 && ! python3 -c "import gguf" 2> /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -15,7 +16,10 @@ install_kernels() {
   if [ -n "$B12X_WHEEL" ] && python3 -m pip install -q --no-deps --no-cache-dir --force-reinstall "$B12X_WHEEL" \
       && (cd /tmp && PYTHONPATH="$OLDPWD/packages/b12x-formats/src${PYTHONPATH:+:$PYTHONPATH}" \
           python3 -c "import b12x_kernels as k; assert k._C is not None, k.unavailable_reason()"); then
-    echo "b12x-kernels from $B12X_WHEEL"
+    # a wheel built from this tree's csrc may predate its Python: the tree's modules replace the wheel's
+    local site=$(cd /tmp && python3 -c 'import importlib.util as u; print(u.find_spec("b12x_kernels").submodule_search_locations[0])')
+    cp packages/b12x-kernels/src/b12x_kernels/*.py "$site/"
+    echo "b12x-kernels from $B12X_WHEEL (Python modules from the tree)"
   else
     python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir ./packages/b12x-kernels
     echo "build: $(( $(date +%s) - start )) s"

@@ -87,8 +87,7 @@ def mma_decode_constants(name: str) -> tuple[dict, dict]:
     mw = mma_layout.pack(bf.quantize(np.ones((16, kb), np.float32), name))
     per_row = [0 if a is None else a.size // 16 for a in (mw.meta, mw.meta2)]
     e4m3 = "*fp8e4nv"
-    codes = e4m3 if name in ("FP8", "FP8_BLOCK", "MXFP8") else "*i32" if "FP4" in name or "IQ2" in name else "*u8"
-    sig = dict(MMA_DECODE_SIGNATURE, codes_ptr=codes, meta_ptr=e4m3 if "NVFP4" in name else "*u8")  # as dequantize_mma
+    sig = dict(MMA_DECODE_SIGNATURE, codes_ptr="*i32", meta_ptr=e4m3 if "NVFP4" in name else "*u8")  # as dequantize_mma
     return sig, dict(FMT=format_id(name), KB=kb, META=per_row[0], META2=per_row[1])
 
 
@@ -105,8 +104,10 @@ def linear_kernels(arch: int, smem_kb: int) -> dict:
         out[f"dequantize_tiles/{name}/sm_{arch}"] = (compile_for(tiles._dequantize_tiles, DEQUANT_SIGNATURE, const,
                                                                  arch, num_warps=4), smem_kb)  # fmt: skip
         sig, const = mma_decode_constants(name)
-        out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_decode._dequantize_mma, sig, const, arch,
-                                                               num_warps=4), smem_kb)  # fmt: skip
+        rows, cpp, warps = mma_decode.PROGRAM.get(name, mma_decode.DEFAULT_PROGRAM)  # the program it launches
+        out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_decode._dequantize_mma, sig,
+                                                               dict(const, ROWS=rows, CPP=cpp), arch,
+                                                               num_warps=warps), smem_kb)  # fmt: skip
     for mode, values in ((2, False), (1, True), (0, True)):  # block sizes as act_quant.quantize_fp8 launches them
         block_m, block_k = (1, act_quant.TOKEN_BLOCK_K) if mode == 1 else (16, tiles.BLOCK_K)
         const = dict(MODE=mode, VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k)

@@ -36,11 +36,14 @@ CPU = torch.device("cpu")
 
 
 def shards(rng, fmt: str, rows=(24, 40)) -> list[bf.QuantizedWeight]:
-    """Row shards (a fused qkv / gate_up) with their own per-tensor scales; K with a tail past whole chunks."""
+    """Row shards (a fused qkv / gate_up) with their own per-tensor scales; K with a tail past whole chunks; a few
+    columns of tiny negative weights (E2M1's negative zero, which both decodes give as +0)."""
     k = 2 * geometry.chunk_k(fmt) + max(bf.spec(fmt).k_multiple, 8)  # the tensor-core GEMM needs K % 8 == 0
     out = []
     for n in rows:
-        qw = bf.quantize(rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 10), fmt)
+        w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 10)
+        w[:, rng.integers(0, k, 8)] = -1e-9  # below every format's step: codes of negative zero where they exist
+        qw = bf.quantize(w, fmt)
         factor = {"FP8": "weight_scale", "NVFP4": "weight_scale_2", "W4A16_NVFP4": "weight_scale_2"}.get(fmt)
         if factor:
             qw = bf.QuantizedWeight.from_tensors(
@@ -69,6 +72,33 @@ def test_decode_from_the_repacked_layout_equals_the_checkpoint_decode(rng, fmt):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
     close(got, oracle)
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "FP8_BLOCK", "Q8_0", "IQ2_XS"])
+@pytest.mark.parametrize("program", [(32, 2, 4), (64, 3, 8)])
+def test_the_decode_program_shape_never_changes_a_bit(rng, fmt, program, monkeypatch):
+    """Programs of several row tiles and chunks (tuned per GPU) cover tails in N and in the chunks (past the last
+    tile or chunk, masked) and decode each weight exactly as one tile × one chunk programs do."""
+    from b12x_kernels import mma_decode
+
+    parts = shards(rng, fmt, rows=(24, 40, 8))  # 72 rows: a partial program at both program heights
+    weights = DeviceWeights(parts, "bf16", None, CPU)
+    weights.shared_layout = "mma"
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
+    one_tile, got = poisoned(n, k), poisoned(n, k)
+    monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: (16, 1, 4)})
+    backend._decode_mma(one_tile)
+    monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
+    backend._decode_mma(got)
+    assert torch.equal(got.view(torch.int16), one_tile.view(torch.int16))
+
+
+def test_a_decode_program_is_whole_row_tiles():
+    from b12x_kernels import mma_decode
+
+    with pytest.raises(ValueError, match="power of two of 16-row tiles"):
+        mma_decode.dequantize_mma("NVFP4", *([None] * 8), torch.empty(16, 128), 128, 1, program=(24, 1, 4))
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "IQ2_XS", "FP8_BLOCK"])
@@ -134,6 +164,33 @@ def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
         close(p.for_tokens(m).run(x.cuda(), None).cpu(), bc.linear(x, ref), slack=rounding_slack(fmt, x, w))
     assert "stacked" not in weights.__dict__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt, monkeypatch):
+    """Compiled (not interpreted), the decode from the repacked layout gives the checkpoint-layout decode's bits at
+    the measured program shape and at others (row and chunk tails, fp8 conversion and E2M1 bit tricks on the GPU)."""
+    from b12x_kernels import mma_decode
+
+    parts = shards(rng, fmt, rows=(24, 40, 8))
+    device = torch.device("cuda")
+    weights = DeviceWeights(parts, "bf16", None, device)
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    stacked = weights.stacked
+    want = tiles.dequantize_tiles(fmt, stacked.weight, stacked.scales, stacked.col_scale, poisoned(n, k).cuda(),
+                                  grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
+    weights.shared_layout = "mma"
+    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(device), n=n, k=k), weights)
+    for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8)):
+        if program:
+            monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
+        got = poisoned(n, k).cuda()
+        backend._decode_mma(got)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), program
+    oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
+    zeros = oracle == 0  # and their signs: E2M1's negative zero decodes to -0.0, as in the oracle
+    assert torch.equal(torch.signbit(got.cpu()[zeros]), torch.signbit(oracle[zeros]))
 
 
 def test_decode_gemm_previews_need_no_weights():

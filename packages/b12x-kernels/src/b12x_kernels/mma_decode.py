@@ -18,7 +18,7 @@ import triton.language as tl
 from b12x_formats.kernel_facts import FORMAT_IDS, format_id
 from b12x_formats.quantized import codec_for
 
-from .element_decode import e2m1_value, e8m0_value
+from .element_decode import e2m1_bits_value, e8m0_value
 from .format_facts import (
     FMT_FP8,
     FMT_FP8_BLOCK,
@@ -30,19 +30,19 @@ from .format_facts import (
     FP8_BLOCK_SIZE,
 )
 
-BLOCK_N = tl.constexpr(16)  # one row tile per program
+TILE_ROWS = 16  # the layout's row tile
+# A program's share (rows, chunks, warps): rows a power of two of row tiles (a Triton block). Measured on the H200
+# (benchmarks/decode_pass.py, 8B layer, 2026-12-04): four row tiles × one chunk, 4 warps, is within 1% of the best
+# of ten shapes for the FP4, FP8 and Q8_0 formats (NVFP4 217 µs against 292 at one tile); IQ2's grid lookups run
+# best at one tile (IQ2_XS 176 µs against 208 at four).
+DEFAULT_PROGRAM = (64, 1, 4)
+PROGRAM: dict[str, tuple[int, int, int]] = {"IQ2_XS": (16, 1, 4), "IQ2_XXS": (16, 1, 4)}  # by format, overrides
 
 
 @triton.jit
 def _fp16_of(lo, hi):
     """float32 of the little-endian fp16 made of two uint8 tensors."""
     return (lo.to(tl.uint16) | (hi.to(tl.uint16) << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _chunk_byte(codes_ptr, tile_bytes, i):
-    """Byte i (0..63) of a row's chunk: lane i // 16 of the row's quad, byte i % 16."""
-    return tl.load(codes_ptr + tile_bytes + (i // 16) * 16 + i % 16)
 
 
 @triton.jit
@@ -54,47 +54,62 @@ def _chunk_word(words_ptr, tile_bytes, w):
 @triton.jit
 def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
                     out_ptr, N, K, CHUNKS, FMT: tl.constexpr, KB: tl.constexpr, META: tl.constexpr,
-                    META2: tl.constexpr):  # fmt: skip
-    """Rows 16·pid0 .. +16, chunk pid1 (KB columns) -> out (bf16, row stride K)."""
-    tile = tl.program_id(0)
-    c = tl.program_id(1)
-    r = tl.arange(0, BLOCK_N)[:, None]  # row within the tile
+                    META2: tl.constexpr, ROWS: tl.constexpr = 16, CPP: tl.constexpr = 1):  # fmt: skip
+    """Rows ROWS·pid0 .. +ROWS (whole 16-row tiles), chunks CPP·pid1 .. +CPP (KB columns each) -> out (bf16, row
+    stride K). Loads past the last tile or chunk read the last one's bytes (clamped); their stores are masked."""
+    n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    tile = tl.minimum(n // 16, (N - 1) // 16).to(tl.int64)  # the 16-row tile, clamped to the weight's last
+    r = n % 16  # row within the tile
     kk = tl.arange(0, KB)[None, :]  # column within the chunk
-    n = tile * BLOCK_N + r
-    k = c * KB + kk
+    for j in tl.static_range(CPP):
+        c_out = tl.program_id(1) * CPP + j
+        _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
+                      out_ptr, N, K, CHUNKS, tile, r, n, tl.minimum(c_out, CHUNKS - 1), c_out * KB + kk, kk, FMT, KB,
+                      META, META2, ROWS)  # fmt: skip
+
+
+@triton.jit
+def _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
+                  out_ptr, N, K, CHUNKS, tile, r, n, c, k, kk, FMT: tl.constexpr, KB: tl.constexpr,
+                  META: tl.constexpr, META2: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Rows n (tile, row r within it) of chunk c: columns k (kk within the chunk) -> out."""
     # byte 0 of row n's chunk c in the tile, and row n's scale bytes of chunk c
-    tile_bytes = ((tile.to(tl.int64) * CHUNKS + c) * 2 + r // 8) * 512 + (r % 8) * 64
-    row_meta = (tile.to(tl.int64) * CHUNKS + c) * 16 + r
+    tile_bytes = ((tile * CHUNKS + c) * 2 + r // 8) * 512 + (r % 8) * 64
+    row_meta = (tile * CHUNKS + c) * 16 + r
 
     if FMT == FMT_FP8 or (FMT == FMT_FP8_BLOCK or FMT == FMT_MXFP8 or FMT == FMT_Q8_0):  # a byte per weight
-        pos = kk % 4
-        i = kk - pos + tl.where(pos == 1, 2, tl.where(pos == 2, 1, pos))  # e4m3 words [e0 e2 e1 e3]
-        if FMT == FMT_Q8_0:
-            i = kk  # offset binary, unpermuted
-        byte = _chunk_byte(codes_ptr, tile_bytes, i)  # e4m3 formats: codes_ptr is an fp8 tensor
+        # word w holds weights 4w .. 4w+3: e4m3 bytes [e0 e2 e1 e3], Q8_0's in order; one load per 4 weights
+        word = _chunk_word(codes_ptr, tl.expand_dims(tile_bytes, 2), tl.arange(0, KB // 4)[None, :, None])
+        e = tl.arange(0, 4)[None, None, :]
+        pos = e if FMT == FMT_Q8_0 else tl.where(e == 1, 2, tl.where(e == 2, 1, e))
+        byte = tl.reshape(((word >> (8 * pos).to(tl.uint32)) & 255).to(tl.uint8), (BLOCK_N, KB))
         if FMT == FMT_Q8_0:
             q = (byte ^ 128).to(tl.int8, bitcast=True).to(tl.float32)
             j = 2 * (kk // 32)  # fp16 d of the chunk's block kk // 32
             d = _fp16_of(tl.load(meta_ptr + row_meta * META + j), tl.load(meta_ptr + row_meta * META + j + 1))
             w = (q * d).to(tl.bfloat16).to(tl.float32)
         else:
-            w = byte.to(tl.float32)
+            w = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
             if FMT == FMT_MXFP8:
                 w = (w * e8m0_value(tl.load(meta_ptr + row_meta * META + kk // 32))).to(tl.bfloat16).to(tl.float32)
     elif FMT == FMT_NVFP4 or FMT == FMT_MXFP4:  # word w holds weights 8w .. 8w+7; pair p's bits at fields[4p..]
-        tb3 = tl.expand_dims(tile_bytes, 2)
-        word = _chunk_word(codes_ptr, tb3, tl.arange(0, KB // 8)[None, :, None])  # one load per 8 weights
+        word = _chunk_word(codes_ptr, tl.expand_dims(tile_bytes, 2), tl.arange(0, KB // 8)[None, :, None]).to(
+            tl.int32, bitcast=True
+        )  # one load per 8 weights
         e = tl.arange(0, 8)[None, None, :]
-        code = tl.zeros((BLOCK_N, KB // 8, 8), tl.int32)
-        for bit in tl.static_range(4):  # magnitude bits 0-2, sign bit 3; the high element of a pair 16 bits up
-            shift = (tl.load(fields_ptr + 4 * (e // 2) + bit) + (e % 2) * 16).to(tl.uint32)
-            code |= ((word >> shift) & 1).to(tl.int32) << bit
-        code = tl.reshape(code, (BLOCK_N, KB))
+        at = 4 * (e // 2)
+        up = (e % 2) * 16  # the high element of a pair sits 16 bits up
+        # magnitude bit b from its field (each field f_b ≥ b, so a right shift by f_b − b puts it at bit b), sign bit
+        m = (word >> (tl.load(fields_ptr + at) + up)) & 1
+        m |= (word >> (tl.load(fields_ptr + at + 1) + up - 1)) & 2
+        m |= (word >> (tl.load(fields_ptr + at + 2) + up - 2)) & 4
+        negative = (word >> (tl.load(fields_ptr + at + 3) + up)) & 1
+        value = tl.reshape(e2m1_bits_value(m, negative), (BLOCK_N, KB))
         if FMT == FMT_NVFP4:
             s = tl.load(meta_ptr + row_meta * META + kk // 16).to(tl.float32)  # meta_ptr: an fp8 tensor
         else:
             s = e8m0_value(tl.load(meta_ptr + row_meta * META + kk // 32))
-        w = (e2m1_value(code) * s).to(tl.bfloat16).to(tl.float32)
+        w = (value * s).to(tl.bfloat16).to(tl.float32)
     else:  # IQ2_XXS / IQ2_XS: the chunk is one 256-weight block; group g of 8 weights, element e of the group
         tb3 = tl.expand_dims(tile_bytes, 2)
         rm3 = tl.expand_dims(row_meta, 2)
@@ -118,35 +133,40 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
         w = tl.reshape(v, (BLOCK_N, KB))
     if FMT == FMT_FP8_BLOCK:
         kblocks = tl.cdiv(K, FP8_BLOCK_SIZE)
-        w = w * tl.load(block_scale_ptr + (n // FP8_BLOCK_SIZE) * kblocks + k // FP8_BLOCK_SIZE, mask=n < N, other=0.0)
+        w = w * tl.load(block_scale_ptr + (n // FP8_BLOCK_SIZE) * kblocks + k // FP8_BLOCK_SIZE, mask=(n < N) & (k < K),
+                        other=0.0)  # fmt: skip
     w = w * tl.load(row_factor_ptr + n, mask=n < N, other=0.0)
     tl.store(out_ptr + n.to(tl.int64) * K + k, w.to(tl.bfloat16), mask=(n < N) & (k < K))
 
 
 def dequantize_mma(fmt: str, codes, meta, meta2, block_scale, grid_table, sign_table, fields, row_factor, out,
-                   chunk_k: int, chunks: int) -> None:  # fmt: skip
+                   chunk_k: int, chunks: int, program: tuple[int, int, int] | None = None) -> None:  # fmt: skip
     """out [n, K] bf16 (row stride K, written) = the weight in tensor_core.layout's layout, decoded as
     tiles.dequantize_tiles decodes the checkpoint layout, times row_factor [n] (float32: per-tensor factors).
     meta / meta2 / block_scale / the IQ2 tables: None where the format has none; fields: int32 [16]
-    (tensor_core.layout.E2M1_FIELDS) for the FP4 formats."""
+    (tensor_core.layout.E2M1_FIELDS) for the FP4 formats. program: (rows, chunks, warps) a program (rows a power of
+    two of 16-row tiles), else the measured default."""
+    if program is not None and (program[0] % TILE_ROWS or program[0] & (program[0] - 1) or min(program) < 1):
+        raise ValueError(
+            f"dequantize_mma: a program's rows are a power of two of {TILE_ROWS}-row tiles, its chunks "
+            f"and warps at least 1; not {program}"
+        )
     if fmt not in FORMAT_IDS:
         raise ValueError(f"dequantize_mma: unknown format {fmt!r}; known {tuple(FORMAT_IDS)}")
     n, k = out.shape
     spec = codec_for(fmt).spec  # the format's facts, never its name
-    if spec.packing != "ggml" and spec.bits_per_weight >= 8:  # e4m3 codes: loaded as fp8 (exact in the kernel)
-        codes = codes.view(torch.float8_e4m3fn)
     if spec.block_scale_code == "e4m3":  # e4m3 block scales (NVFP4)
         meta = meta.view(torch.float8_e4m3fn)
-    if spec.bits_per_weight < 8:  # sub-byte codes (E2M1, IQ2): read a word at a time
-        codes = codes.view(torch.int32)
+    codes = codes.view(torch.int32)  # read a word at a time (1 KB tiles)
     dummy = row_factor
-    padded_rows = triton.cdiv(n, BLOCK_N.value) * BLOCK_N.value
+    padded_rows = triton.cdiv(n, TILE_ROWS) * TILE_ROWS
     meta_bytes = 0 if meta is None else meta.numel() // (padded_rows * chunks)
     meta2_bytes = 0 if meta2 is None else meta2.numel() // (padded_rows * chunks)
-    grid = (triton.cdiv(n, BLOCK_N.value), chunks)
+    rows, cpp, warps = program or PROGRAM.get(fmt, DEFAULT_PROGRAM)
+    grid = (triton.cdiv(n, rows), triton.cdiv(chunks, cpp))
     _dequantize_mma[grid](
         codes, dummy if meta is None else meta, dummy if meta2 is None else meta2,
         dummy if block_scale is None else block_scale, dummy if grid_table is None else grid_table,
         dummy if sign_table is None else sign_table, dummy if fields is None else fields, row_factor, out, n, k, chunks,
-        FMT=format_id(fmt), KB=chunk_k, META=meta_bytes, META2=meta2_bytes, num_warps=4,
+        FMT=format_id(fmt), KB=chunk_k, META=meta_bytes, META2=meta2_bytes, ROWS=rows, CPP=cpp, num_warps=warps,
     )  # fmt: skip

@@ -1,0 +1,89 @@
+"""The decode-to-bf16 pass of decode + cuBLAS (b12x_kernels.mma_decode.dequantize_mma: the tensor-core layout to a
+bf16 [N, K] workspace), per Llama-3.1-8B decoder layer, at several program shapes (rows, chunks, warps a Triton
+program), against the copy bandwidth measured in the same run. Needs a CUDA GPU.
+
+    python benchmarks/decode_pass.py --out decode_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
+    ncu -k regex:_dequantize_mma python benchmarks/decode_pass.py --formats NVFP4 --programs 32x2x4 --once
+
+Why it matters: at large M the plan runs decode + cuBLAS, whose time is the bf16 GEMM's plus this pass, so the
+pass's distance from its floor (weight bytes read + bf16 bytes written, at copy bandwidth) is what the decode path
+loses to bf16 F.linear. Method as decode_linear.py: one CUDA graph decodes every linear of the layer from each of
+several weight copies (more than 4× L2) into one workspace per shape, replayed between CUDA events; per-layer time =
+median replay / copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from decode_linear import copies_for, copy_bandwidth, time_graph
+from mma_linear import random_shard, shard_bytes
+
+from b12x_core.tensor_core import geometry, layout
+from b12x_core.weights import grid_table, sign_table
+from b12x_kernels import mma_decode
+
+LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+FORMATS = "NVFP4,MXFP4,FP8,MXFP8,Q8_0,IQ2_XS,IQ2_XXS"
+PROGRAMS = "16x1x4,16x2x4,16x4x4,32x1x4,32x2x4,32x2x8,64x1x4,64x1x8,64x2x8,128x1x8"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", default=FORMATS)
+    parser.add_argument("--programs", default=PROGRAMS, help="rows x chunks x warps, comma-separated")
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--out", default="decode_pass.json")
+    parser.add_argument("--once", action="store_true", help="decode one layer once per program, untimed (for ncu)")
+    args = parser.parse_args()
+    started = time.time()
+    bw = copy_bandwidth()
+    programs = [tuple(int(v) for v in p.split("x")) for p in args.programs.split(",")]
+    device = "cuda"
+    fields = torch.from_numpy(np.asarray(layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)).to(device)
+    outs = {(n, k): torch.empty(n, k, dtype=torch.bfloat16, device=device) for _, n, k in LLAMA8B}
+    factors = {n: torch.ones(n, dtype=torch.float32, device=device) for _, n, _ in LLAMA8B}
+    written = sum(2 * n * k for _, n, k in LLAMA8B)
+    print(f"# {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s; 8B layer, bf16 written {written / 1e6:.0f} MB")
+    rows = []
+    for fmt in args.formats.split(","):
+        one = [random_shard(fmt, n, k) for _, n, k in LLAMA8B]
+        read = sum(shard_bytes(s) for s in one)
+        copies = 1 if args.once else copies_for(read)
+        layers = [one] + [[random_shard(fmt, n, k) for _, n, k in LLAMA8B] for _ in range(copies - 1)]
+        grid, signs = grid_table(fmt, device), sign_table(fmt, device)
+        floor = (read + written) / bw * 1e-3  # µs at copy bandwidth: its bytes read and written
+        best = None
+        for program in programs:
+
+            def decode(i, program=program, layers=layers, grid=grid, signs=signs, fmt=fmt):
+                for s in layers[i]:
+                    mma_decode.dequantize_mma(fmt, s.codes, s.meta, s.meta2, s.block_scale, grid, signs, fields,
+                                              factors[s.n], outs[s.n, s.k], geometry.chunk_k(fmt), s.chunks,
+                                              program=program)  # fmt: skip
+
+            if args.once:
+                decode(0)
+                torch.cuda.synchronize()
+                continue
+            us = time_graph(decode, len(layers), args.replays)
+            row = dict(format=fmt, program="x".join(map(str, program)), us=us, floor_us=floor,
+                       of_copy=floor / us, read_mb=read / 1e6, written_mb=written / 1e6)  # fmt: skip
+            rows.append(row)
+            best = row if best is None or us < best["us"] else best
+            print(f"{fmt:8s} {row['program']:9s} {us:8.1f} µs {100 * floor / us:5.1f}% of copy (floor {floor:.1f} µs)")
+        if best:
+            print(f"{fmt:8s} best {best['program']}: {best['us']:.1f} µs, {100 * best['of_copy']:.1f}% of copy")
+        layers = one = None
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbs=bw, rows=rows), f, indent=1)
+    print(f"# {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
