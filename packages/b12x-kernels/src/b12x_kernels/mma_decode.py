@@ -109,7 +109,7 @@ def _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sig
             s = tl.load(meta_ptr + row_meta * META + kk // 16).to(tl.float32)  # meta_ptr: an fp8 tensor
         else:
             s = e8m0_value(tl.load(meta_ptr + row_meta * META + kk // 32))
-        w = (value * s).to(tl.bfloat16).to(tl.float32)
+        w = value * s  # ≤ 6 significant bits (E2M1's 2 times E4M3's 4 or a power of two): exact in bf16, no rounding
     else:  # IQ2_XXS / IQ2_XS: the chunk is one 256-weight block; group g of 8 weights, element e of the group
         tb3 = tl.expand_dims(tile_bytes, 2)
         rm3 = tl.expand_dims(row_meta, 2)
