@@ -4,6 +4,7 @@ program), against the copy bandwidth measured in the same run. Needs a CUDA GPU.
 
     python benchmarks/decode_pass.py --out decode_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
     ncu -k regex:_dequantize_mma python benchmarks/decode_pass.py --formats NVFP4 --programs 32x2x4 --once
+    python benchmarks/decode_pass.py --from-json "before=old.json,after=new.json" --png decode_pass.png   # no GPU
 
 Why it matters: at large M the plan runs decode + cuBLAS, whose time is the bf16 GEMM's plus this pass, so the
 pass's distance from its floor (weight bytes read + bf16 bytes written, at copy bandwidth) is what the decode path
@@ -39,7 +40,12 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--out", default="decode_pass.json")
     parser.add_argument("--once", action="store_true", help="decode one layer once per program, untimed (for ncu)")
+    parser.add_argument("--from-json", default="", help="LABEL=run.json,... saved runs to plot (no GPU)")
+    parser.add_argument("--png", default="", help="with --from-json: each format's % of copy, per run")
     args = parser.parse_args()
+    if args.from_json:
+        plot([part.split("=", 1) for part in args.from_json.split(",")], args.png or "decode_pass.png")
+        return
     started = time.time()
     bw = copy_bandwidth()
     programs = [tuple(int(v) for v in p.split("x")) for p in args.programs.split(",")]
@@ -83,6 +89,37 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), copy_gbs=bw, rows=rows), f, indent=1)
     print(f"# {time.time() - started:.0f} s")
+
+
+def plot(runs: list[list[str]], png: str) -> None:
+    """Bars: per format, each run's time at its best program, as % of the copy bandwidth measured in that run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loaded = []
+    for label, path in runs:
+        with open(path) as f:
+            loaded.append((label, json.load(f)))
+    formats = list(dict.fromkeys(r["format"] for _, run in loaded for r in run["rows"]))
+    fig, ax = plt.subplots(figsize=(1.6 * len(formats) + 2, 4))
+    width = 0.8 / len(loaded)
+    for i, (label, run) in enumerate(loaded):
+        best = {}
+        for r in run["rows"]:
+            best[r["format"]] = max(best.get(r["format"], 0.0), 100 * r["of_copy"])
+        xs = [j + i * width for j, f in enumerate(formats) if f in best]
+        ax.bar(xs, [best[f] for f in formats if f in best], width, label=label)
+    ax.set_xticks([j + width * (len(loaded) - 1) / 2 for j in range(len(formats))], formats)
+    ax.set_ylabel("% of copy bandwidth (best program)")
+    ax.set_ylim(0, 100)
+    ax.axhline(100, color="k", lw=0.5)
+    ax.set_title(f"decode-to-bf16 pass, Llama-3.1-8B layer, {loaded[0][1]['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":
