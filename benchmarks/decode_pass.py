@@ -1,6 +1,7 @@
 """The decode-to-bf16 pass of decode + cuBLAS (b12x_kernels.mma_decode.dequantize_mma: the tensor-core layout to a
 bf16 [N, K] workspace), per Llama-3.1-8B decoder layer, at several program shapes (rows, chunks, warps a Triton
-program), against the copy bandwidth measured in the same run. Needs a CUDA GPU.
+program) and as the CUDA pass (program "cuda": b12x_kernels.mma_dequantize, every format but IQ2), against the copy
+bandwidth measured in the same run. Needs a CUDA GPU.
 
     python benchmarks/decode_pass.py --out decode_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
     ncu -k regex:_dequantize_mma python benchmarks/decode_pass.py --formats NVFP4 --programs 32x2x4 --once
@@ -24,7 +25,8 @@ import torch
 from decode_linear import copies_for, copy_bandwidth, time_graph
 from mma_linear import random_shard, shard_bytes
 
-from b12x_core.tensor_core import geometry, layout
+import b12x_kernels
+from b12x_core.tensor_core import gemm, geometry, layout
 from b12x_core.weights import grid_table, sign_table
 from b12x_kernels import mma_decode
 
@@ -36,7 +38,8 @@ PROGRAMS = "16x1x4,16x2x4,16x4x4,32x1x4,32x2x4,32x2x8,64x1x4,64x1x8,64x2x8,128x1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--formats", default=FORMATS)
-    parser.add_argument("--programs", default=PROGRAMS, help="rows x chunks x warps, comma-separated")
+    parser.add_argument("--programs", default=PROGRAMS, help="rows x chunks x warps, comma-separated; 'cuda': the "
+                        "CUDA pass (b12x_kernels.mma_dequantize)")  # fmt: skip
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--out", default="decode_pass.json")
     parser.add_argument("--once", action="store_true", help="decode one layer once per program, untimed (for ncu)")
@@ -48,7 +51,7 @@ def main() -> None:
         return
     started = time.time()
     bw = copy_bandwidth()
-    programs = [tuple(int(v) for v in p.split("x")) for p in args.programs.split(",")]
+    programs = [p if p == "cuda" else tuple(int(v) for v in p.split("x")) for p in args.programs.split(",")]
     device = "cuda"
     fields = torch.from_numpy(np.asarray(layout.E2M1_FIELDS, dtype=np.int32).reshape(-1)).to(device)
     outs = {(n, k): torch.empty(n, k, dtype=torch.bfloat16, device=device) for _, n, k in LLAMA8B}
@@ -65,11 +68,18 @@ def main() -> None:
         floor = (read + written) / bw * 1e-3  # µs at copy bandwidth: its bytes read and written
         best = None
         for program in programs:
+            if program == "cuda" and fmt.startswith("IQ2"):
+                continue  # the CUDA pass decodes every format but IQ2
 
             def decode(i, program=program, layers=layers, grid=grid, signs=signs, fmt=fmt):
                 for s in layers[i]:
+                    out = outs[s.n, s.k]
+                    if program == "cuda":  # b12x_kernels.mma_dequantize over the GEMM's plan of the shard
+                        plan = s.plan(gemm.MmaConfig(1, 1), out.stride(0), row_scale=factors[s.n])
+                        b12x_kernels.mma_dequantize(plan, out.data_ptr(), torch.cuda.current_stream().cuda_stream)
+                        continue
                     mma_decode.dequantize_mma(fmt, s.codes, s.meta, s.meta2, s.block_scale, grid, signs, fields,
-                                              factors[s.n], outs[s.n, s.k], geometry.chunk_k(fmt), s.chunks,
+                                              factors[s.n], out, geometry.chunk_k(fmt), s.chunks,
                                               program=program)  # fmt: skip
 
             if args.once:
@@ -77,7 +87,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 continue
             us = time_graph(decode, len(layers), args.replays)
-            row = dict(format=fmt, program="x".join(map(str, program)), us=us, floor_us=floor,
+            name = program if program == "cuda" else "x".join(map(str, program))
+            row = dict(format=fmt, program=name, us=us, floor_us=floor,
                        of_copy=floor / us, read_mb=read / 1e6, written_mb=written / 1e6)  # fmt: skip
             rows.append(row)
             best = row if best is None or us < best["us"] else best

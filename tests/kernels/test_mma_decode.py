@@ -26,6 +26,7 @@ from b12x_core.backends.cublas import DecodeGemm
 from b12x_core.tensor_core import geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_core.weights import DeviceWeights
+from b12x_formats.kernel_facts import format_id
 
 pytest.importorskip("triton")
 
@@ -170,7 +171,8 @@ def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt, monkeypatch):
     """Compiled (not interpreted), the decode from the repacked layout gives the checkpoint-layout decode's bits at
-    the measured program shape and at others (row and chunk tails, fp8 conversion and E2M1 bit tricks on the GPU)."""
+    the measured program shape and at others (row and chunk tails, fp8 conversion and E2M1 bit tricks on the GPU),
+    and so does the CUDA pass (every format but IQ2), with each fused shard's own per-tensor scale."""
     from b12x_kernels import mma_decode
 
     parts = shards(rng, fmt, rows=(24, 40, 8))
@@ -182,8 +184,11 @@ def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt
                                   grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
     weights.shared_layout = "mma"
     backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(device), n=n, k=k), weights)
-    for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8)):
-        if program:
+    cuda_pass = [] if fmt.startswith("IQ2") else ["cuda"]  # b12x_kernels.mma_dequantize: the GEMM's decodes
+    for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8), *cuda_pass):
+        if program == "cuda":
+            monkeypatch.setattr(DecodeGemm, "CUDA_PASS_FORMATS", (fmt,))
+        elif program:
             monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
         got = poisoned(n, k).cuda()
         backend._decode_mma(got)
@@ -191,6 +196,36 @@ def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt
     oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
     zeros = oracle == 0  # and their signs: E2M1's negative zero decodes to -0.0, as in the oracle
     assert torch.equal(torch.signbit(got.cpu()[zeros]), torch.signbit(oracle[zeros]))
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (dict(format=format_id("IQ2_XS"), meta2=16, tables=16), "IQ2 decodes through shared-memory tables"),
+        (dict(format=99), "unknown format"),
+        (dict(K=100), "K % 8"),
+        (dict(K=256), "fewer than K columns"),
+        (dict(ldy=64), "row stride"),
+        (dict(meta=0), "null scale bytes"),
+        (dict(format=format_id("FP8_BLOCK"), chunks=2), "FP8_BLOCK needs its block scales"),
+        (dict(scale_mul=3.0), "power of two"),
+    ],
+)
+def test_the_cuda_pass_refuses_what_it_cannot_decode_before_launching(fields, why):
+    """b12x_kernels.mma_dequantize checks its plan before any CUDA call (so on a machine without a GPU too)."""
+    import b12x_kernels
+    from b12x_kernels import interface
+
+    if b12x_kernels._C is None:
+        pytest.skip(b12x_kernels.unavailable_reason())
+    fake = 16  # an aligned non-null address: the checks refuse before anything reads it
+    plan = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
+                alpha=1.0, scale_mul=1.0, ldy=128, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0,
+                top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
+    with pytest.raises(ValueError, match=why):
+        b12x_kernels.mma_dequantize(interface.pack(interface.MmaPlan, **{**plan, **fields}), fake, 0)
+    with pytest.raises(ValueError, match="misaligned out"):
+        b12x_kernels.mma_dequantize(interface.pack(interface.MmaPlan, **plan), 8, 0)
 
 
 def test_decode_gemm_previews_need_no_weights():

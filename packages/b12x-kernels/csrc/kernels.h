@@ -26,6 +26,12 @@ cudaError_t gemv_elem(const GemvElemPlan& plan, const __nv_bfloat16* x, const fl
 cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64, __nv_bfloat16* out, int T,
                            int V, int H, cudaStream_t stream);
 
+// The tensor-core layout's weight decoded to bf16 (mma_dequantize.cu): out[n * plan.ldy + k] = bf16(W[n, k] ·
+// plan.row_scale[n]) for n < N, k < K, with the GEMM's decodes; every format but IQ2. The plan's token tile, splits
+// and epilogue are ignored. mma_dequantize_error: why a plan cannot run (null: it can).
+const char* mma_dequantize_error(const MmaPlan& plan);
+cudaError_t mma_dequantize(const MmaPlan& plan, __nv_bfloat16* out, cudaStream_t stream);
+
 // Tensor-core mixed-input GEMM (mma_gemm.cu) over weights in its repacked tile layout (mma_gemm.cuh's header says
 // what each byte holds; the host repacks checkpoint weights into it losslessly at prepare time).
 // The epilogue (MmaPlan::epilogue), per output element v = alpha * row_scale[row] * sum_k x·W:

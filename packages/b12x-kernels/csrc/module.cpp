@@ -178,6 +178,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("blocks") = 0);
 
   m.def(
+      "mma_dequantize",
+      [](const py::bytes& plan_bytes, std::uintptr_t out, std::uintptr_t stream) {
+        const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "mma_dequantize");
+        if (const char* error = b12x::mma_dequantize_error(p)) throw std::invalid_argument(error);
+        if (!out || out % 16) throw std::invalid_argument("mma_dequantize: null or misaligned out (16 bytes)");
+        check(b12x::mma_dequantize(p, ptr<__nv_bfloat16>(out), stream_of(stream)), "mma_dequantize launch");
+      },
+      py::arg("plan"), py::arg("out"), py::arg("stream"));
+
+  m.def(
       "embedding_q8_0",
       [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,
          std::uintptr_t stream) {

@@ -70,6 +70,9 @@ def _needs_build(name: str):
 #   wgmma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, staged, stream)   the Hopper (sm_90a) form of
 #       mma_gemm; staged: scratch for x in the MMA's operand order (csrc/kernels.h says its size)
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
+#   mma_dequantize(plan: MmaPlan, out, stream)   the weight of mma_gemm's plan decoded to bf16:
+#       out[n * plan.ldy + k] = W[n, k] · plan.row_scale[n] (every format but IQ2; the Triton pass, mma_decode, is
+#       the plans' until this one is measured)
 #   mma_blocks_per_sm(format_id, mt, rt, tiles=8): CTAs of the tensor-core GEMM one SM of the current device holds
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
@@ -78,4 +81,5 @@ mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
 wgmma_gemm = _C.wgmma_gemm if _C else _needs_build("wgmma_gemm")
 wgmma_blocks_per_sm = _C.wgmma_blocks_per_sm if _C else _needs_build("wgmma_blocks_per_sm")
 embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
+mma_dequantize = _C.mma_dequantize if _C else _needs_build("mma_dequantize")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")

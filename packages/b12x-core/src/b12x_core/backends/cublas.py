@@ -20,6 +20,7 @@ from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
 from .. import workspace
 from ..tensor_core import geometry, layout
+from ..tensor_core.gemm import MmaConfig
 from ..weights import grid_table, sign_table
 from . import operands
 from .base import Backend, cuda_reason
@@ -42,6 +43,10 @@ class DecodeGemm(Backend):
     name, op = "decode_gemm", "linear"
     default_tokens = (DECODE_GEMM_FROM, None)
     reads = ("checkpoint", "mma")
+    # Formats whose decode from the tensor-core layout runs the CUDA pass (b12x_kernels.mma_dequantize: the GEMM's
+    # decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one.
+    # Empty until it is measured on a GPU: built 2026-12-04 after the device time was spent.
+    CUDA_PASS_FORMATS: tuple[str, ...] = ()
 
     @classmethod
     def can_implement(cls, q):
@@ -89,11 +94,17 @@ class DecodeGemm(Backend):
         return torch.nn.functional.linear(xv, w, None if bias is None else bias.to(torch.bfloat16))
 
     def _decode_mma(self, w):
-        """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows)."""
+        """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows): the Triton pass,
+        or for the formats in CUDA_PASS_FORMATS the CUDA one (the same bits)."""
+        import b12x_kernels
         from b12x_kernels import mma_decode
 
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
+            if s.format in self.CUDA_PASS_FORMATS:
+                plan = s.plan(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
+                b12x_kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
+                continue
             mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
                                       self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
                                       s.chunks)  # fmt: skip
