@@ -29,8 +29,8 @@ from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
-           "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run", "slots",
-           "staged_bytes", "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
+           "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run",
+           "slots", "staged_bytes", "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
