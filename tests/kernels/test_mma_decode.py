@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import fake_plans
 import numpy as np
 import pytest
 import torch
 from closeness import close, rounding_slack
+from fake_plans import FAKE
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -214,18 +216,13 @@ def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt
 def test_the_cuda_pass_refuses_what_it_cannot_decode_before_launching(fields, why):
     """b12x_kernels.mma_dequantize checks its plan before any CUDA call (so on a machine without a GPU too)."""
     import b12x_kernels
-    from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    fake = 16  # an aligned non-null address: the checks refuse before anything reads it
-    plan = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
-                alpha=1.0, scale_mul=1.0, ldy=128, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0,
-                top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
     with pytest.raises(ValueError, match=why):
-        b12x_kernels.mma_dequantize(interface.pack(interface.MmaPlan, **{**plan, **fields}), fake, 0)
+        b12x_kernels.mma_dequantize(fake_plans.mma_plan(**{"ldy": 128, **fields}), FAKE, 0)
     with pytest.raises(ValueError, match="misaligned out"):
-        b12x_kernels.mma_dequantize(interface.pack(interface.MmaPlan, **plan), 8, 0)
+        b12x_kernels.mma_dequantize(fake_plans.mma_plan(ldy=128), 8, 0)
 
 
 def test_decode_gemm_previews_need_no_weights():

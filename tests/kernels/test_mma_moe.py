@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import fake_plans
 import numpy as np
 import pytest
 import torch
 from closeness import close
+from fake_plans import FAKE
 from graphs import capture
 from mma_emulator import effective_weight
 
@@ -310,16 +312,11 @@ def test_default_plan_keeps_the_triton_moe_until_measured():
 def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, why):
     """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
     import b12x_kernels
-    from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    fake = 16  # an aligned non-null address: the checks refuse before anything reads it
-    fields = dict(format=4, codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0, alpha=1.0,
-                  scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0,
-                  pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
-    packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
-    args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
+    packed = b"\0" * 8 if plan == "short" else fake_plans.mma_plan(**{"format": 4, **plan})
+    args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):
         b12x_kernels.mma_gemm(packed, **{**args, **call})
 
@@ -333,18 +330,16 @@ def test_kernel_entry_quantizes_held_activations_only_for_the_pairs_it_has():
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    fake = 16
     for fmt in mma_layout.FORMATS:
         for mode in interface.X_QUANTS[1:]:
             if format_id(fmt) in {format_id(f) for f in gemm.X_QUANT_FORMATS[mode]}:
                 continue  # the kernel goes by the format's number: W4A16_NVFP4 runs NVFP4's
-            fields = dict(format=format_id(fmt), codes=fake, meta=fake, meta2=fake, block_scale=fake, tables=fake,
-                          row_scale=0, alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=256, chunks=256 // geometry.chunk_k(fmt),
-                          mt=1, rt=1, splits=1, tiles=8, epilogue=0, top_k=0, pdl=0, resident=1,
-                          x_quant=interface.X_QUANTS.index(mode), x_quant_scale=1.0)  # fmt: skip
-            args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, stream=0)
+            plan = fake_plans.mma_plan(format=format_id(fmt), meta2=FAKE, block_scale=FAKE, tables=FAKE, K=256,
+                                       chunks=256 // geometry.chunk_k(fmt), resident=1,
+                                       x_quant=interface.X_QUANTS.index(mode), x_quant_scale=1.0)  # fmt: skip
+            args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, stream=0)
             with pytest.raises(ValueError, match="does not quantize"):
-                b12x_kernels.mma_gemm(interface.pack(interface.MmaPlan, **fields), **args)
+                b12x_kernels.mma_gemm(plan, **args)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

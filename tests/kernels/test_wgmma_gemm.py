@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 
+import fake_plans
 import numpy as np
 import pytest
 import torch
 from closeness import close
+from fake_plans import FAKE
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -82,16 +84,11 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
 def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, why):
     """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
     import b12x_kernels
-    from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    fake = 16  # an aligned non-null address: the checks refuse before anything reads it
-    fields = dict(format=format_id("NVFP4"), codes=fake, meta=fake, meta2=0, block_scale=0, tables=0, row_scale=0,
-                  alpha=1.0, scale_mul=1.0, ldy=32, N=32, K=128, chunks=1, mt=1, rt=1, splits=1, tiles=8, epilogue=0,
-                  top_k=0, pdl=0, resident=0, x_quant=0, x_quant_scale=0.0)  # fmt: skip
-    packed = b"\0" * 8 if plan == "short" else interface.pack(interface.MmaPlan, **{**fields, **plan})
-    args = dict(x=fake, bias=0, y=fake, M=1, partials=0, tickets=0, staged=fake, stream=0)
+    packed = b"\0" * 8 if plan == "short" else fake_plans.mma_plan(**plan)
+    args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, staged=FAKE, stream=0)
     with pytest.raises(ValueError, match=why):
         b12x_kernels.wgmma_gemm(packed, **{**args, **call})
 
