@@ -204,30 +204,24 @@ def main() -> None:
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}"
                   + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else ""), flush=True)  # fmt: skip
-            if ws_tiles:
-                per_ws = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, ws_configs[mt], ws_wss[mt]), len(layers),
-                                         args.replays)
-                          for mt in ws_tiles}  # fmt: skip
-                best_ws = min(per_ws, key=per_ws.get)
-                t_ws = per_ws[best_ws]
-                ws_label = f"mt={best_ws} " + " ".join(str(c.splits) for c in ws_configs[best_ws])
-                rows.append(dict(m=m, format=fmt, kernel="wgmma_ws", config=ws_label, us=t_ws, gbs=nbytes / t_ws / 1e3,
-                                 per_nt_us=per_ws, check=ws_check))  # fmt: skip
-                print(f"M={m:<4} {fmt:<6} wgmma_ws {t_ws:8.1f} µs [{ws_label}] {t_w / t_ws:5.2f}x wgmma "
-                      f"{base[m] / t_ws:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_ws.items())
-                      + f" | check {ws_check:.1e}", flush=True)  # fmt: skip
-            if wide_tiles:
-                per_wide = {mt: time_graph(lambda i, mt=mt: wgmma_layer(i, wide_configs[mt], wide_wss[mt]),
-                                           len(layers), args.replays)
-                            for mt in wide_tiles}  # fmt: skip
-                best_wide = min(per_wide, key=per_wide.get)
-                t_wide = per_wide[best_wide]
-                wide_label = f"mt={best_wide} " + " ".join(str(c.splits) for c in wide_configs[best_wide])
-                rows.append(dict(m=m, format=fmt, kernel="wgmma_wide", config=wide_label, us=t_wide,
-                                 gbs=nbytes / t_wide / 1e3, per_nt_us=per_wide, check=wide_check))  # fmt: skip
-                print(f"M={m:<4} {fmt:<6} wgmma_wide {t_wide:8.1f} µs [{wide_label}] {t_w / t_wide:5.2f}x wgmma "
-                      f"{base[m] / t_wide:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_wide.items())
-                      + f" | check {wide_check:.1e}", flush=True)  # fmt: skip
+            # the other forms, each at its best token tile against the register-A form above
+            for kernel, form_configs, form_wss, form_check in (
+                ("wgmma_ws", ws_configs, ws_wss, ws_check),
+                ("wgmma_wide", wide_configs, wide_wss, wide_check),
+            ):
+                if not form_configs:
+                    continue
+                per = {mt: time_graph(lambda i, cs=cs, ws=form_wss[mt]: wgmma_layer(i, cs, ws), len(layers),
+                                      args.replays)
+                       for mt, cs in form_configs.items()}  # fmt: skip
+                best_mt = min(per, key=per.get)
+                t_form = per[best_mt]
+                form_label = f"mt={best_mt} " + " ".join(str(c.splits) for c in form_configs[best_mt])
+                rows.append(dict(m=m, format=fmt, kernel=kernel, config=form_label, us=t_form,
+                                 gbs=nbytes / t_form / 1e3, per_nt_us=per, check=form_check))  # fmt: skip
+                print(f"M={m:<4} {fmt:<6} {kernel} {t_form:8.1f} µs [{form_label}] {t_w / t_form:5.2f}x wgmma "
+                      f"{base[m] / t_form:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per.items())
+                      + f" | check {form_check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
