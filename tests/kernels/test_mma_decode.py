@@ -60,17 +60,23 @@ def poisoned(n: int, k: int) -> torch.Tensor:
     return torch.full((n, k), float("nan"), dtype=torch.bfloat16)
 
 
+def checkpoint_decode_and_mma_decoder(parts, device):
+    """(the checkpoint-layout decode of `parts`, stacked: tiles.dequantize_tiles into a poisoned tensor; a
+    DecodeGemm then set to read the shared tensor-core layout: its _decode_mma decodes that one)."""
+    weights = DeviceWeights(parts, "bf16", None, device)
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    fmt, stacked = parts[0].format, weights.stacked
+    want = tiles.dequantize_tiles(fmt, stacked.weight, stacked.scales, stacked.col_scale, poisoned(n, k).to(device),
+                                  grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
+    weights.shared_layout = "mma"
+    return want, DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(device), n=n, k=k), weights)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_from_the_repacked_layout_equals_the_checkpoint_decode(rng, fmt):
     parts = shards(rng, fmt)
-    weights = DeviceWeights(parts, "bf16", None, CPU)
-    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
-    stacked = weights.stacked
-    want = tiles.dequantize_tiles(fmt, stacked.weight, stacked.scales, stacked.col_scale, poisoned(n, k),
-                                  grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
-    weights.shared_layout = "mma"
-    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
-    got = poisoned(n, k)
+    want, backend = checkpoint_decode_and_mma_decoder(parts, CPU)
+    got = poisoned(*want.shape)
     backend._decode_mma(got)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
@@ -85,11 +91,8 @@ def test_the_decode_program_shape_never_changes_a_bit(rng, fmt, program, monkeyp
     from b12x_kernels import mma_decode
 
     parts = shards(rng, fmt, rows=(24, 40, 8))  # 72 rows: a partial program at both program heights
-    weights = DeviceWeights(parts, "bf16", None, CPU)
-    weights.shared_layout = "mma"
-    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
-    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
-    one_tile, got = poisoned(n, k), poisoned(n, k)
+    want, backend = checkpoint_decode_and_mma_decoder(parts, CPU)
+    one_tile, got = poisoned(*want.shape), poisoned(*want.shape)
     monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: (16, 1, 4)})
     backend._decode_mma(one_tile)
     monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
@@ -178,21 +181,14 @@ def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt
     from b12x_kernels import mma_decode
 
     parts = shards(rng, fmt, rows=(24, 40, 8))
-    device = torch.device("cuda")
-    weights = DeviceWeights(parts, "bf16", None, device)
-    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
-    stacked = weights.stacked
-    want = tiles.dequantize_tiles(fmt, stacked.weight, stacked.scales, stacked.col_scale, poisoned(n, k).cuda(),
-                                  grid_table=stacked.grid, sign_table=stacked.signs)  # fmt: skip
-    weights.shared_layout = "mma"
-    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(device), n=n, k=k), weights)
+    want, backend = checkpoint_decode_and_mma_decoder(parts, torch.device("cuda"))
     cuda_pass = [] if fmt.startswith("IQ2") else ["cuda"]  # b12x_kernels.mma_dequantize: the GEMM's decodes
     for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8), *cuda_pass):
         if program == "cuda":
             monkeypatch.setattr(DecodeGemm, "CUDA_PASS_FORMATS", (fmt,))
         elif program:
             monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
-        got = poisoned(n, k).cuda()
+        got = poisoned(*want.shape).cuda()
         backend._decode_mma(got)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), program
     oracle = torch.from_numpy(np.concatenate([bf.dequantize(p) for p in parts]))
