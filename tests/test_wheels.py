@@ -75,7 +75,13 @@ def test_wheels_install_in_a_fresh_venv_and_the_demo_checkpoint_runs(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     bindir = venv / "bin"
-    run(bindir / "python", "-m", "pip", "install", "-q", TORCH, *wheels, env=env)
+    # cwd: `python -m pip` puts its working directory on sys.path, and the repository's is not the fresh environment
+    installing = run(bindir / "python", "-m", "pip", "install", TORCH, *wheels, env=env, cwd=tmp_path)
+    # pip once reported success here with b12x-formats and b12x-core missing from the environment (CI, 2026-12-04;
+    # not reproduced): say what pip did if that happens again, rather than fail later on a missing console script
+    installed = run(bindir / "python", "-m", "pip", "list", "--format=freeze", env=env, cwd=tmp_path).lower()
+    missing = [n for n in PACKAGES if f"{n}==" not in installed]
+    assert not missing, f"pip left out {missing}:\n{installing[-4000:]}"
 
     out = tmp_path / "demo"
     cli = bindir / "b12x-formats"  # the console script the wheel installs
