@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .. import workspace
+from .base import cuda_reason
 
 FP8_MODES = ("fp8_static", "fp8_token", "fp8_group128")
 BF16_EXACT_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static")  # the modes bf16_operands serves
@@ -93,3 +94,16 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
         act_quant.quantize_fp8(x2, act_mode, values, scale, _static_scale(act_mode, input_scale))
         return values, scale
     return act_quant.quantize_activation(x2, act_mode, values, _global_scale(act_mode, input_scale)), None
+
+
+def mma_layout_reason(q) -> str:
+    """Why a GEMM on the repacked "mma" layout (tensor_core, and its Hopper form tensor_core_wgmma) cannot run `q`
+    beyond its format list, or "" when it can: bf16-exact activations, 16-byte activation pieces, its own copy of
+    the weight, a CUDA device with the kernels."""
+    if q.act_mode not in BF16_EXACT_MODES:
+        return f"needs bf16-exact activations ({', '.join(BF16_EXACT_MODES)}), not {q.act_mode}"
+    if q.k % 8:
+        return f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
+    if q.shares_bytes:
+        return "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
+    return cuda_reason(q) or ""

@@ -19,7 +19,8 @@ import torch
 from .. import workspace
 from ..tensor_core import gemm, geometry, layout
 from . import operands
-from .base import Backend, config_ranges, cuda_reason
+from .base import Backend, config_ranges
+from .operands import mma_layout_reason
 
 MODES = operands.BF16_EXACT_MODES
 # Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
@@ -46,13 +47,7 @@ class TensorCoreGemm(Backend):
     def can_implement(cls, q):
         if q.format not in layout.FORMATS:
             return False, f"has no layout for {q.format}"
-        if q.act_mode not in MODES:
-            return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
-        if q.k % 8:
-            return False, f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
-        if q.shares_bytes:
-            return False, "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
-        why = cuda_reason(q)
+        why = mma_layout_reason(q)
         if why:
             return False, why
         return True, "tensor-core mixed-input GEMM (weights decoded into bf16 MMA fragments, split K)"

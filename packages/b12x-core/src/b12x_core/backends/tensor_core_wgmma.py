@@ -15,9 +15,8 @@ import torch
 from .. import workspace
 from ..tensor_core import gemm, geometry, wgmma
 from . import operands
-from .base import Backend, config_ranges, cuda_reason
-
-MODES = operands.BF16_EXACT_MODES
+from .base import Backend, config_ranges
+from .operands import mma_layout_reason
 
 
 class TensorCoreWgmma(Backend):
@@ -28,13 +27,7 @@ class TensorCoreWgmma(Backend):
     def can_implement(cls, q):
         if q.format not in wgmma.LINEAR_FORMATS:
             return False, f"decodes {', '.join(wgmma.LINEAR_FORMATS)}, not {q.format}"
-        if q.act_mode not in MODES:
-            return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {q.act_mode}"
-        if q.k % 8:
-            return False, f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
-        if q.shares_bytes:
-            return False, "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
-        why = cuda_reason(q)
+        why = mma_layout_reason(q)
         if why:
             return False, why
         if q.device.capability != wgmma.CAPABILITY:
