@@ -16,24 +16,6 @@ B12X_MMA_KERNELS(extern, FmtIQ2<true>)
 
 using namespace mma;
 
-namespace {
-// fn(F{}) for the decode functor F of a format number (FMT_*), or `fallback` for an unknown number.
-template <class R, class Fn>
-R with_format(int format, R fallback, Fn&& fn) {
-  switch (format) {
-    case FMT_FP8: return fn(FmtFP8{});
-    case FMT_FP8_BLOCK: return fn(FmtFP8Block{});
-    case FMT_MXFP8: return fn(FmtMXFP8{});
-    case FMT_NVFP4: return fn(FmtFP4<true>{});
-    case FMT_MXFP4: return fn(FmtFP4<false>{});
-    case FMT_Q8_0: return fn(FmtQ8_0{});
-    case FMT_IQ2_XXS: return fn(FmtIQ2<false>{});
-    case FMT_IQ2_XS: return fn(FmtIQ2<true>{});
-    default: return fallback;
-  }
-}
-}  // namespace
-
 int mma_blocks_per_sm(int format, int mt, int rt, int tiles) {
   return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt, tiles); });
 }

@@ -194,8 +194,9 @@ __host__ __device__ constexpr int xq_pieces(int xq) { return xq == MMA_XQ_MXFP8 
 // ACC: whether a per-row fp32 factor multiplies the chunk's partial sums instead (acc_scale).
 // `mul` (MmaParams::scale_mul) is the power of two that brings bit-pattern decodes into range: the host picks it
 // so every block scale times it fits bf16, and folds its inverse into alpha.
+// BIAS: decode8 gives value·2^-BIAS (before `mul`); the host's alpha takes 2^BIAS back (layout._BIT_PATTERN_BIAS).
 struct FmtFP8 {  // per-tensor FP8 (scale in alpha)
-  static constexpr int E = 16, KB = MMA_CHUNK_K_FP8, META = 0, META2 = 0;
+  static constexpr int E = 16, KB = MMA_CHUNK_K_FP8, META = 0, META2 = 0, BIAS = 120;
   static constexpr bool ACC = false;
   struct S {
     uint32_t mul;
@@ -239,7 +240,7 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
 
 template <bool NV>
 struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 16: two per lane)
-  static constexpr int E = 32, KB = MMA_CHUNK_K_NVFP4, META = NV ? 8 : 4, META2 = 0;
+  static constexpr int E = 32, KB = MMA_CHUNK_K_NVFP4, META = NV ? 8 : 4, META2 = 0, BIAS = 126;
   static_assert(MMA_CHUNK_K_NVFP4 == MMA_CHUNK_K_MXFP4, "one FP4 chunk");
   static constexpr bool ACC = false;
   struct S {
@@ -265,7 +266,7 @@ struct FmtFP4 {  // MXFP4 (E8M0 per 32: one scale per lane) and NVFP4 (E4M3 per 
 };
 
 struct FmtQ8_0 {  // int8 codes stored offset-binary (q + 128); fp16 d per 32 (two per row and chunk)
-  static constexpr int E = 16, KB = MMA_CHUNK_K_Q8_0, META = 4, META2 = 0;
+  static constexpr int E = 16, KB = MMA_CHUNK_K_Q8_0, META = 4, META2 = 0, BIAS = 0;
   static constexpr bool ACC = false;
   struct S {
     float d;
@@ -304,10 +305,13 @@ constexpr uint32_t kGrid2 = 0x0000422Cu;   // bf16 (43, 0)
 struct Iq2Scaled {  // the grid's values times one sub-block factor: bf16 low bytes, high bytes, negated high bytes
   uint32_t lo, hi, hi_neg;
 };
-__device__ __forceinline__ Iq2Scaled iq2_scaled(uint32_t mul) {  // mul: the factor as a bf16 splat
-  const uint32_t v01 = bmul(kGrid01, mul), v2 = bmul(kGrid2, mul);  // bytes 0-3: 8f, 25f; bytes 4-5: 43f
+// The byte tables of three bf16 values: v01 = (value of grid 8, of 25) as bf16x2, v2 = (value of 43, anything).
+__device__ __forceinline__ Iq2Scaled iq2_table(uint32_t v01, uint32_t v2) {
   const uint32_t hi = prmt(v01, v2, 0x1531u);
   return {prmt(v01, v2, 0x0420u), hi, hi ^ 0x00808080u};
+}
+__device__ __forceinline__ Iq2Scaled iq2_scaled(uint32_t mul) {  // mul: the factor as a bf16 splat
+  return iq2_table(bmul(kGrid01, mul), bmul(kGrid2, mul));  // bytes 0-3: 8f, 25f; bytes 4-5: 43f
 }
 __device__ __forceinline__ void iq2_values(uint32_t sel, const Iq2Scaled& g, uint32_t (&a)[4]) {
   uint32_t lo = prmt(g.lo, g.lo, sel), hi = prmt(g.hi, g.hi_neg, sel);
@@ -322,6 +326,7 @@ __device__ __forceinline__ void iq2_values(uint32_t sel, const Iq2Scaled& g, uin
 template <bool XS>
 struct FmtIQ2 {
   static constexpr int E = 64, KB = XS ? MMA_CHUNK_K_IQ2_XS : MMA_CHUNK_K_IQ2_XXS, META = 2, META2 = XS ? 8 : 0;
+  static constexpr int BIAS = 0;  // the grid's values themselves
   static constexpr bool ACC = true;
   static constexpr int GRID = XS ? IQ2_XS_GRID_ENTRIES : IQ2_XXS_GRID_ENTRIES;  // the 128 sign words follow
   // Sub-block factors of a lane's 64 weights: IQ2_XS one a 16 (four nibbles), IQ2_XXS one a 32 (sub-blocks 2t, 2t+1).
@@ -345,10 +350,9 @@ struct FmtIQ2 {
   // A group's grid and sign words, addressed from this lane's replica: word i of a table sits i·kReplicas words in
   // (byte offset i << 6), and the sign table GRID·kReplicas words further (an immediate of the load). A field at the
   // word's top needs no mask.
+  // Group G's grid index and sign index from the lane's 16 code bytes.
   template <int G>
-  __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
-    static_assert(kReplicas * 4 == 64, "an index's byte offset is index << 6");
-    uint32_t grid_idx, sign_idx;
+  __device__ static void group_indices(const uint4& q, uint32_t& grid_idx, uint32_t& sign_idx) {
     if constexpr (XS) {  // a 16-bit half per group: grid index in bits 0-8, sign index in bits 9-15
       const uint32_t w = word(q, G >> 1);
       if constexpr (G & 1) {
@@ -363,6 +367,12 @@ struct FmtIQ2 {
       grid_idx = (G & 3) == 3 ? gw >> 24 : (gw >> (8 * (G & 3))) & 255u;
       sign_idx = (sw >> (7 * (G & 3))) & 127u;
     }
+  }
+  template <int G>
+  __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
+    static_assert(kReplicas * 4 == 64, "an index's byte offset is index << 6");
+    uint32_t grid_idx, sign_idx;
+    group_indices<G>(q, grid_idx, sign_idx);
     const uint32_t lane_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % kReplicas);
     const uint32_t sel =
         ld_shared(lane_tab + (grid_idx << 6)) | ld_shared_at<GRID * kReplicas * 4>(lane_tab + (sign_idx << 6));
@@ -1069,6 +1079,25 @@ int blocks_per_sm_cfg(int mt, int rt, int tiles) {
 #define B12X_MMA_KERNELS(PREFIX, F)                                                        \
   PREFIX template cudaError_t launch_cfg<F>(int, int, int, const MmaParams&, int, cudaStream_t); \
   PREFIX template int blocks_per_sm_cfg<F>(int, int, int);
+
+// fn(F{}) for the decode functor F of a format number (FMT_*), or `fallback` for an unknown number: the one map
+// from format numbers to functors (the GEMM's host entry points and the decode pass use it).
+template <class R, class Fn>
+R with_format(int format, R fallback, Fn&& fn) {
+  switch (format) {
+    case FMT_FP8: return fn(FmtFP8{});
+    case FMT_FP8_BLOCK: return fn(FmtFP8Block{});
+    case FMT_MXFP8: return fn(FmtMXFP8{});
+    case FMT_NVFP4: return fn(FmtFP4<true>{});
+    case FMT_MXFP4: return fn(FmtFP4<false>{});
+    case FMT_Q8_0: return fn(FmtQ8_0{});
+    case FMT_IQ2_XXS: return fn(FmtIQ2<false>{});
+    case FMT_IQ2_XS: return fn(FmtIQ2<true>{});
+    default: return fallback;
+  }
+}
+template <class F>
+constexpr bool is_iq2 = std::is_same_v<F, FmtIQ2<false>> || std::is_same_v<F, FmtIQ2<true>>;
 
 }  // namespace mma
 }  // namespace b12x

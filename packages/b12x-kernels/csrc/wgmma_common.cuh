@@ -365,7 +365,7 @@ __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ 
 // fn(F{}) for the formats the wgmma kernels decode (no per-chunk fp32 scale), `fallback` for others; the kernels'
 // with_config add their token tiles on top.
 template <class R, class Fn>
-R with_format(int format, R fallback, Fn&& fn) {
+R with_wgmma_format(int format, R fallback, Fn&& fn) {
   switch (format) {
     case FMT_FP8: return fn(FmtFP8{});
     case FMT_MXFP8: return fn(FmtMXFP8{});

@@ -421,7 +421,7 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
     }
   };
   if (factor_format(format)) return with_factor_format(format, fallback, tiles);
-  return with_format(format, fallback, tiles);
+  return with_wgmma_format(format, fallback, tiles);
 }
 
 // fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles of the 256-row form (MmaPlan::tiles 16:

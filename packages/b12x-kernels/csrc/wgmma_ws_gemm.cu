@@ -23,7 +23,7 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
       default: return fallback;
     }
   };
-  return with_format(format, fallback, tiles);
+  return with_wgmma_format(format, fallback, tiles);
 }
 
 }  // namespace wgmma_ws
