@@ -1,6 +1,6 @@
 """The decode-to-bf16 pass of decode + cuBLAS (b12x_kernels.mma_decode.dequantize_mma: the tensor-core layout to a
 bf16 [N, K] workspace), per Llama-3.1-8B decoder layer, at several program shapes (rows, chunks, warps a Triton
-program) and as the CUDA pass (program "cuda": b12x_kernels.mma_dequantize, every format but IQ2), against the copy
+program) and as the CUDA pass (program "cuda": b12x_kernels.mma_dequantize, every format), against the copy
 bandwidth measured in the same run. Needs a CUDA GPU.
 
     python benchmarks/decode_pass.py --out decode_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
@@ -68,8 +68,6 @@ def main() -> None:
         floor = (read + written) / bw * 1e-3  # µs at copy bandwidth: its bytes read and written
         best = None
         for program in programs:
-            if program == "cuda" and fmt.startswith("IQ2"):
-                continue  # the CUDA pass decodes every format but IQ2
 
             def decode(i, program=program, layers=layers, grid=grid, signs=signs, fmt=fmt):
                 for s in layers[i]:

@@ -177,16 +177,14 @@ def test_gpu_plan_of_tensor_core_and_decode_gemm_holds_one_copy(rng, fmt):
 def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt, monkeypatch):
     """Compiled (not interpreted), the decode from the repacked layout gives the checkpoint-layout decode's bits at
     the measured program shape and at others (row and chunk tails, fp8 conversion and E2M1 bit tricks on the GPU),
-    and so does the CUDA pass (every format but IQ2), with each fused shard's own per-tensor scale."""
+    and so does the CUDA pass (b12x_kernels.mma_dequantize), with each fused shard's own per-tensor scale."""
     from b12x_kernels import mma_decode
 
-    parts = shards(rng, fmt, rows=(24, 40, 8))
+    parts = shards(rng, fmt, rows=(24, 37, 8))  # 37: a half tile with rows past the shard's end
     want, backend = checkpoint_decode_and_mma_decoder(parts, torch.device("cuda"))
-    cuda_pass = [] if fmt.startswith("IQ2") else ["cuda"]  # b12x_kernels.mma_dequantize: the GEMM's decodes
-    for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8), *cuda_pass):
-        if program == "cuda":
-            monkeypatch.setattr(DecodeGemm, "CUDA_PASS_FORMATS", (fmt,))
-        elif program:
+    for program in (None, (16, 1, 4), (32, 2, 4), (64, 3, 8), "cuda"):
+        monkeypatch.setattr(DecodeGemm, "CUDA_PASS_FORMATS", (fmt,) if program == "cuda" else ())
+        if program and program != "cuda":
             monkeypatch.setattr(mma_decode, "PROGRAM", {fmt: program})
         got = poisoned(*want.shape).cuda()
         backend._decode_mma(got)
@@ -199,12 +197,14 @@ def test_gpu_decode_equals_the_checkpoint_decode_at_every_program_shape(rng, fmt
 @pytest.mark.parametrize(
     ("fields", "why"),
     [
-        (dict(format=format_id("IQ2_XS"), meta2=16, tables=16), "IQ2 decodes through shared-memory tables"),
+        (dict(format=format_id("IQ2_XS"), meta2=16, tables=0), "grid and sign tables"),
+        (dict(format=format_id("IQ2_XS"), meta2=0, tables=16), "sub-block scales"),
         (dict(format=99), "unknown format"),
         (dict(K=100), "K % 8"),
         (dict(K=256), "fewer than K columns"),
         (dict(ldy=64), "row stride"),
         (dict(meta=0), "null scale bytes"),
+        (dict(codes=8), "misaligned codes"),
         (dict(format=format_id("FP8_BLOCK"), chunks=2), "FP8_BLOCK needs its block scales"),
         (dict(scale_mul=3.0), "power of two"),
     ],

@@ -27,7 +27,7 @@ cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64
                            int V, int H, cudaStream_t stream);
 
 // The tensor-core layout's weight decoded to bf16 (mma_dequantize.cu): out[n * plan.ldy + k] = bf16(W[n, k] ·
-// plan.row_scale[n]) for n < N, k < K, with the GEMM's decodes; every format but IQ2. The plan's token tile, splits
+// plan.row_scale[n]) for n < N, k < K: the checkpoint decode's bits, every format. The plan's token tile, splits
 // and epilogue are ignored. mma_dequantize_error: why a plan cannot run (null: it can).
 const char* mma_dequantize_error(const MmaPlan& plan);
 cudaError_t mma_dequantize(const MmaPlan& plan, __nv_bfloat16* out, cudaStream_t stream);

@@ -71,8 +71,8 @@ def _needs_build(name: str):
 #       mma_gemm; staged: scratch for x in the MMA's operand order (csrc/kernels.h says its size)
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
 #   mma_dequantize(plan: MmaPlan, out, stream)   the weight of mma_gemm's plan decoded to bf16:
-#       out[n * plan.ldy + k] = W[n, k] · plan.row_scale[n] (every format but IQ2; the Triton pass, mma_decode, is
-#       the plans' until this one is measured)
+#       out[n * plan.ldy + k] = W[n, k] · plan.row_scale[n] (every format; the bits of the Triton pass, mma_decode,
+#       and of the checkpoint decode)
 #   mma_blocks_per_sm(format_id, mt, rt, tiles=8): CTAs of the tensor-core GEMM one SM of the current device holds
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")

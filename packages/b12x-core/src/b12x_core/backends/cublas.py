@@ -1,6 +1,8 @@
 """Backends whose GEMM is cuBLAS / cuBLASLt through torch:
 
-- `DecodeGemm`: decode the weight to bf16 in the device's shared workspace (one memory-bound Triton pass), then
+- `DecodeGemm`: decode the weight to bf16 in the device's shared workspace (one memory-bound pass: Triton's from
+  the checkpoint layout; from the tensor-core layout the CUDA one, b12x_kernels.mma_dequantize, for the formats in
+  DecodeGemm.CUDA_PASS_FORMATS, else Triton's), then
   the dense bf16 GEMM. For operands bf16 holds exactly: bf16, mxfp8, nvfp4 (input_scale in the row factors) and
   static fp8 (e4m3 values; the static scale in the row factors). Where the plan also runs the tensor-core GEMM,
   it decodes that backend's repacked layout (b12x_kernels.mma_decode, same values) instead of holding the
@@ -43,10 +45,13 @@ class DecodeGemm(Backend):
     name, op = "decode_gemm", "linear"
     default_tokens = (DECODE_GEMM_FROM, None)
     reads = ("checkpoint", "mma")
-    # Formats whose decode from the tensor-core layout runs the CUDA pass (b12x_kernels.mma_dequantize: the GEMM's
-    # decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one.
-    # Empty until it is measured on a GPU: built 2026-12-04 after the device time was spent.
-    CUDA_PASS_FORMATS: tuple[str, ...] = ()
+    # Formats whose decode from the tensor-core layout runs the CUDA pass on a GPU (b12x_kernels.mma_dequantize: the
+    # GEMM's decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one
+    # (same bits). docs/performance.md, 2026-12-04 (twenty-fourth session). Its IQ2 decode (the checkpoint decode's
+    # arithmetic, not the GEMM's) was written after that session's device time was spent: not listed until it has
+    # run (tests/kernels/test_mma_decode.py, benchmarks/decode_pass.py --programs 16x1x4,cuda).
+    # W4A16_NVFP4 holds NVFP4's bytes (the same kernel; its bit-for-bit GPU test ran with the others).
+    CUDA_PASS_FORMATS: tuple[str, ...] = ("NVFP4", "W4A16_NVFP4", "MXFP4", "FP8", "MXFP8", "FP8_BLOCK", "Q8_0")
 
     @classmethod
     def can_implement(cls, q):
@@ -55,7 +60,7 @@ class DecodeGemm(Backend):
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why
-        return True, "decode to a bf16 workspace (Triton), then cuBLAS bf16 GEMM"
+        return True, "decode to a bf16 workspace, then cuBLAS bf16 GEMM"
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
@@ -101,7 +106,7 @@ class DecodeGemm(Backend):
 
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
-            if s.format in self.CUDA_PASS_FORMATS:
+            if s.format in self.CUDA_PASS_FORMATS and w.is_cuda:  # the interpreter (CPU) runs Triton's
                 plan = s.plan(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
                 b12x_kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
                 continue
