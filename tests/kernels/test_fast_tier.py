@@ -1,6 +1,7 @@
-"""The fast GPU tier (`nox -s gpu -- --fast`, marked `fast`): every backend alone on every format it serves, one
-activation mode each (bf16 where it runs it, else its first quantized mode), at two token counts, against the
-CPU reference; the dispatched linear and MoE replayed in a CUDA graph; two streams at once.
+"""The fast GPU tier (`nox -s gpu -- --fast`, marked `fast`): every backend alone on every format it serves (and on
+each copy of the weight it can read), one activation mode each (bf16 where it runs it, else its first quantized
+mode), at two token counts, against the CPU reference; the dispatched linear and MoE replayed in a CUDA graph; two
+streams at once.
 
 The cases are listed from the registry and an H200's device facts, so a new backend or format joins the tier
 without an edit here; on the device each case asks its backend again, with the real device's facts, and skips
@@ -32,6 +33,7 @@ from b12x_core import backends, workspace  # noqa: E402
 from b12x_core.backends import DeviceInfo, MoEShape, Query  # noqa: E402
 from b12x_core.moe import MOE_FORMATS  # noqa: E402
 from b12x_core.recipe import activation_mode  # noqa: E402
+from b12x_core.tensor_core import layout as mma_layout  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 
@@ -62,13 +64,20 @@ def _linear_activation(cls, fmt: str, device: DeviceInfo) -> str | None:
 
 
 def _linear_cases():
+    """(backend, format, activation, layout): a backend that reads more than one copy of the weight (decode +
+    cuBLAS: the checkpoint layout, or the tensor-core layout another backend of the plan holds) runs on each;
+    layout None is the backend's own first one."""
     for cls in backends.for_op("linear"):
         if cls.name.startswith("reference"):
             continue
         for fmt in bf.FORMATS:
             activation = _linear_activation(cls, fmt, H200)
-            if activation is not None:
-                yield pytest.param(cls, fmt, activation, id=f"{cls.name}-{fmt}-{activation}")
+            if activation is None:
+                continue
+            yield pytest.param(cls, fmt, activation, None, id=f"{cls.name}-{fmt}-{activation}")
+            for layout in cls.reads[1:]:
+                if layout != "mma" or fmt in mma_layout.FORMATS:
+                    yield pytest.param(cls, fmt, activation, layout, id=f"{cls.name}@{layout}-{fmt}-{activation}")
 
 
 def _moe_query(fmt: str, device: DeviceInfo) -> Query:
@@ -91,12 +100,12 @@ def _skip_unless_here(query: Query, cls) -> None:
         pytest.skip(f"{cls.name} cannot run here: {why}")
 
 
-@pytest.mark.parametrize("cls,fmt,activation", list(_linear_cases()))
-def test_every_linear_backend_on_every_format(rng, cls, fmt, activation):
+@pytest.mark.parametrize("cls,fmt,activation,layout", list(_linear_cases()))
+def test_every_linear_backend_on_every_format(rng, cls, fmt, activation, layout):
     x = torch.from_numpy(rng.standard_normal((max(LINEAR_MS), K)).astype(np.float32)).to(torch.bfloat16)
     qw = make_weight(rng, fmt, N, K, _scaled(fmt, activation), x)
     _skip_unless_here(_linear_query(fmt, activation, DeviceInfo.of(torch.device("cuda", 0))), cls)
-    gpu, ref = linear_alone(cls, qw, activation, "cuda", max(LINEAR_MS))
+    gpu, ref = linear_alone(cls, qw, activation, "cuda", max(LINEAR_MS), layout=layout)
     bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16)
     for m in LINEAR_MS:
         workspace.poison(torch.device("cuda"))  # temporaries must be written before they are read

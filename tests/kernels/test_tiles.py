@@ -50,11 +50,14 @@ def make_weight(rng, fmt, n, k, with_input_scale, x, shards=1):
     return parts[0] if shards == 1 else parts
 
 
-def alone(backend, qw, activation, device, max_tokens, warm=True):
+def alone(backend, qw, activation, device, max_tokens, warm=True, layout=None):
     """A plan of one backend for every token count (what bc.prepare_linear builds on `device`, the choice
-    forced), and the CPU reference's prepared linear."""
+    forced), and the CPU reference's prepared linear; `layout` (one of backend.reads) makes the backend read that
+    copy of the weight, as a plan sharing it with another backend does."""
     lin = bc.prepare_linear(qw, device=device, max_tokens=max_tokens, activation=activation)
     weights = DeviceWeights(as_shards(qw), lin.act_mode, lin.input_scale, lin.device)
+    if layout is not None:
+        weights.shared_layout = layout
     ref = lin if lin.device.type == "cpu" else bc.prepare_linear(qw, max_tokens=max_tokens, activation=activation)
     return plan.build(lin.plan.query, weights, only=backend, warm=warm), ref
 
