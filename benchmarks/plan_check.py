@@ -134,8 +134,13 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         row = dict(shape=name, n=n, k=k, format=fmt, activation=activation, static=scale, mode=query.act_mode, m=m)
-        row["backends"] = {b: timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
-                           for b, plans in single.items() if b not in pruned}  # fmt: skip
+        row["backends"], row["timed_at"] = {}, {}
+        for b, plans in single.items():
+            if b not in pruned:
+                row["backends"][b] = timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
+                # wall clock at the end of its timing: joins the clocks / power / temperature log that
+                # tools/device_tables.sh keeps (one timing of a full run measured 1.2x its time alone)
+                row["timed_at"][b] = round(time.time(), 1)
         fastest = min(row["backends"].values())
         ratios = {b: t / fastest for b, t in row["backends"].items()}
         pruned |= falling_behind(ratios, behind)
@@ -155,6 +160,7 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
         if not args.table_only:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
             row["dispatched"] = timer(lambda i: bc.linear(x, dispatched[i]), copies)
+            row["timed_at"]["dispatched"] = round(time.time(), 1)
         row["dispatched_backend"] = dispatched[0].plan.for_tokens(m).backend.name
         row["one_copy"] = [b for b in one_copy if b in row["backends"]]  # what the plan could pick from
         rows.append(row)
@@ -188,7 +194,8 @@ def measure(args, device: torch.device) -> list[dict]:
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
             t = timer(lambda i: F.linear(x, bf16_w[i]), len(bf16_w))
-            rows.append(dict(shape=name, n=n, k=k, format="bf16 F.linear", m=m, dispatched=t))
+            at = {"dispatched": round(time.time(), 1)}  # as the pairs' rows keep it
+            rows.append(dict(shape=name, n=n, k=k, format="bf16 F.linear", m=m, dispatched=t, timed_at=at))
             print(f"  bf16 F.linear          M={m:<5} {t:>9.1f} µs", flush=True)
         bf16_w.clear()
         for pair in pairs:

@@ -11,8 +11,9 @@
 # MOE_BACKENDS its backends (tensor_core_moe+held: the held block rows tensor_core_moe takes where they are faster);
 # PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table),
 # PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
-# OUT gets: run.log (everything), times.txt (each test's seconds), moe.json and linear_<group>.json (raw rows),
-# crossover.json (commit it as packages/b12x-core/src/b12x_core/crossover.json), rows.md (docs tables).
+# OUT gets: run.log (everything), times.txt (each test's seconds), clocks.csv (unix s, SM MHz, °C, W once a
+# second), moe.json and linear_<group>.json (raw rows), crossover.json (commit it as
+# packages/b12x-core/src/b12x_core/crossover.json), rows.md (docs tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/device_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
@@ -26,6 +27,14 @@ source tools/device_env.sh
 export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+# SM clock, temperature and power once a second for the whole call (unix time first: plan_check.py's rows keep
+# `timed_at` per backend to join them). One 70B timing of a full run measured 1.2x its time alone, and clocks ranged
+# 1500-1980 MHz across short runs: this says whether the card, not the kernel, set such a number.
+(while sleep 1; do
+   echo "$(date +%s),$(nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader,nounits)"
+ done > "$out/clocks.csv" 2>/dev/null) &
+clock_log=$!
+trap 'kill $clock_log 2>/dev/null' EXIT
 if [ "$tests" != "--no-tests" ]; then
   say "fast tier"
   timeout 240 bash tools/gpu_tests.sh --fast --timeout 200
