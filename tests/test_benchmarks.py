@@ -77,3 +77,25 @@ def test_moe_plot_of_no_rows_writes_nothing_and_does_not_fail(tmp_path):
 
     moe.plot([], str(tmp_path / "moe.png"))
     assert not (tmp_path / "moe.png").exists()
+
+
+def test_clocks_flags_the_timings_the_card_ran_slow(tmp_path):
+    """benchmarks/clocks.py joins a run's stamped timings with the card's once-a-second clock log: a timing whose
+    window sat at a low SM clock is named, the others are not, and a sample nvidia-smi left unfilled is skipped."""
+    t0 = 1_796_000_000.0
+    rows = [
+        dict(shape="70b.gate_up", format="bf16 F.linear", m=4096, dispatched=5400.0, timed_at={"dispatched": t0 + 2}),
+        dict(shape="70b.gate_up", format="NVFP4", mode="bf16", m=4096, backends={"decode_gemm": 5800.0,
+             "decode_gemm@mma": 6900.0}, timed_at={"decode_gemm": t0 + 4, "decode_gemm@mma": t0 + 6.5,
+             "dispatched": t0 + 8}, dispatched=6700.0),
+    ]  # fmt: skip
+    (tmp_path / "rows.json").write_text(json.dumps({"rows": rows}))
+    lines = [f"{t0 + s:.0f},{1500 if 5 <= s <= 6 else 1980}, 60, 650" for s in range(10)]
+    lines.insert(3, f"{t0 + 2.5:.0f},[N/A], [N/A], [N/A]")
+    (tmp_path / "clocks.csv").write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/clocks.py"), "rows.json", "clocks.csv"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    flagged = done.stdout.split("ran below")[1]
+    assert "1 of 4 timings" in done.stdout and "decode_gemm@mma: 1500 MHz, 6900.0 µs" in flagged
+    assert "NVFP4 × bf16 M=4096 decode_gemm " in done.stdout and "decode_gemm:" not in flagged

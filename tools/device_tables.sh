@@ -12,8 +12,9 @@
 # PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table),
 # PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
 # OUT gets: run.log (everything), times.txt (each test's seconds), clocks.csv (unix s, SM MHz, °C, W once a
-# second), moe.json and linear_<group>.json (raw rows), crossover.json (commit it as
-# packages/b12x-core/src/b12x_core/crossover.json), rows.md (docs tables).
+# second; `benchmarks/clocks.py OUT/linear_0.json OUT/clocks.csv` names the timings taken at low clocks), moe.json
+# and linear_<group>.json (raw rows), crossover.json (commit it as packages/b12x-core/src/b12x_core/crossover.json),
+# rows.md (docs tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/device_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
