@@ -99,3 +99,42 @@ def test_clocks_flags_the_timings_the_card_ran_slow(tmp_path):
     flagged = done.stdout.split("ran below")[1]
     assert "1 of 4 timings" in done.stdout and "decode_gemm@mma: 1500 MHz, 6900.0 µs" in flagged
     assert "NVFP4 × bf16 M=4096 decode_gemm " in done.stdout and "decode_gemm:" not in flagged
+
+
+def _layer_rows(rng, ms, formats):
+    """plan_check.py rows for the 8B layer's four linears: bf16 and each format at each M, random times."""
+    linears = ["8b.qkv", "8b.o", "8b.gate_up", "8b.down"]
+    rows = []
+    for m in ms:
+        rows += [dict(shape=s, format="bf16 F.linear", m=m, dispatched=float(rng.uniform(10, 100))) for s in linears]
+        for fmt in formats:
+            rows += [dict(shape=s, format=fmt, activation="bf16", static=False, mode="bf16", m=m,
+                          backends={"x": 1.0}, dispatched=float(rng.uniform(10, 100))) for s in linears]  # fmt: skip
+    return rows
+
+
+def test_standing_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, rng):
+    """benchmarks/standing.py: a cell measured by two runs shows the later one's speed-up and letter; a cell only the
+    earlier run measured keeps it; a layer with a linear missing gives no cell."""
+    old, new = _layer_rows(rng, [1, 16], ["FP8", "NVFP4"]), _layer_rows(rng, [16, 256], ["FP8"])
+    new = [r for r in new if not (r["m"] == 256 and r["shape"] == "8b.down" and r["format"] == "FP8")]
+    for name, rows in (("old.json", old), ("new.json", new)):
+        (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name}))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/standing.py"), "old.json", "new.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in done.stdout.splitlines()
+             if line.startswith("| FP8") or line.startswith("| NVFP4")}  # fmt: skip
+
+    def speedup(rows, fmt, m):
+        def total(f):
+            return sum(r["dispatched"] for r in rows if r["format"] == f and r["m"] == m)
+
+        return f"{total('bf16 F.linear') / total(fmt):.2f}"
+
+    fp8, nvfp4 = table["FP8 × bf16"], table["NVFP4 × bf16"]  # columns M=1, M=16
+    assert len(fp8) == 2 and "M=256" not in done.stdout
+    assert fp8[0] == f"{speedup(old, 'FP8', 1)}<sup>a</sup>"
+    assert fp8[1].rstrip(" |") == f"{speedup(new, 'FP8', 16)}<sup>b</sup>"
+    assert nvfp4[1].rstrip(" |") == f"{speedup(old, 'NVFP4', 16)}<sup>a</sup>"
+    assert "`old.json` (old.json)" in done.stdout and "`new.json` (new.json)" in done.stdout

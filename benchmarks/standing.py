@@ -1,0 +1,111 @@
+"""Where b12x stands: the dispatched `bc.linear` per decoder layer against bf16 `F.linear` of the same run, per
+model, format × activation mode and M, from several plan_check.py runs, each cell taken from the LAST file given
+that measured it (list the runs oldest first). Every cell says which run it came from (a letter; the runs and their
+dates are listed under each table), because an older cell measured the kernels of its day.
+
+    python benchmarks/standing.py RUN.json [RUN.json ...] [--png standing.png] > standing.md
+    python benchmarks/standing.py @docs/results/standing_runs.txt --png ...   (the runs listed a line each)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import plan_check
+
+
+@dataclass(frozen=True)
+class Cell:
+    speedup: float  # bf16 µs / dispatched µs, the same run's
+    us: float
+    run: int  # index into the runs given
+
+
+def merge(runs: list[list[dict]]) -> dict[tuple[str, str, int], Cell]:
+    """(model, label, M) -> the cell of the last run that measured the whole layer there."""
+    cells = {}
+    for i, rows in enumerate(runs):
+        for layer in plan_check.layers(rows):
+            cells[(layer["model"], layer["label"], layer["m"])] = Cell(layer["speedup"], layer["us"], i)
+    return cells
+
+
+def markdown(cells: dict, names: list[str], dates: list[str]) -> str:
+    # a letter for each run that gave a cell, in the order the runs were given
+    letters = dict(zip(sorted({c.run for c in cells.values()}), string.ascii_letters, strict=False))
+    out = []
+    for model in plan_check.MODELS:
+        here = {key: c for key, c in cells.items() if key[0] == model}
+        if not here:
+            continue
+        ms = sorted({m for _, _, m in here})
+        labels = list(dict.fromkeys(label for _, label, _ in sorted(here, key=lambda k: (k[1], k[2]))))
+        out.append(f"**{model}** (× bf16 `F.linear`; the letter names the run)\n")
+        out.append("| format × activations | " + " | ".join(f"M={m}" for m in ms) + " |")
+        out.append("|---|" + "---:|" * len(ms))
+        for label in labels:
+            row = []
+            for m in ms:
+                c = here.get((model, label, m))
+                row.append("—" if c is None else f"{c.speedup:.2f}<sup>{letters[c.run]}</sup>")
+            out.append(f"| {label} | " + " | ".join(row) + " |")
+        used = sorted({c.run for c in here.values()})
+        out.append("\n" + "; ".join(f"<sup>{letters[i]}</sup> `{names[i]}` ({dates[i]})" for i in used) + "\n")
+    return "\n".join(out)
+
+
+def plot(cells: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    models = [m for m in plan_check.MODELS if any(k[0] == m for k in cells)]
+    fig, axes = plt.subplots(len(models), 1, figsize=(12, 5.5 * len(models)), squeeze=False)
+    norm = TwoSlopeNorm(vmin=0.3, vcenter=1.0, vmax=2.5)
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        here = {k: c for k, c in cells.items() if k[0] == model}
+        ms = sorted({m for _, _, m in here})
+        labels = sorted({label for _, label, _ in here})
+        grid = [[here[(model, label, m)].speedup if (model, label, m) in here else float("nan") for m in ms]
+                for label in labels]  # fmt: skip
+        image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto")
+        for y, line in enumerate(grid):
+            for x, value in enumerate(line):
+                if value == value:  # not NaN
+                    ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(ms)), [str(m) for m in ms])
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_xlabel("M (tokens)")
+        ax.set_title(f"{model}: dispatched bc.linear per decoder layer, × bf16 F.linear of the same run")
+        fig.colorbar(image, ax=ax, fraction=0.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 fromfile_prefix_chars="@")  # fmt: skip
+    ap.add_argument("runs", nargs="+", help="plan_check.py --out JSON files, oldest first")
+    ap.add_argument("--png", default="", help="also draw the tables as heat maps")
+    args = ap.parse_args()
+    saved = [json.loads(Path(p).read_text()) for p in args.runs]
+    cells = merge([s["rows"] for s in saved])
+    if len({c.run for c in cells.values()}) > len(string.ascii_letters):
+        ap.error(f"more than {len(string.ascii_letters)} runs give cells (a letter each)")
+    if not cells:
+        print("no run measured a whole decoder layer")
+        return 1
+    print(markdown(cells, [Path(p).name for p in args.runs], [s.get("date") or "?" for s in saved]))
+    if args.png:
+        plot(cells, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
