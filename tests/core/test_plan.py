@@ -163,6 +163,31 @@ def test_an_unmeasured_key_gets_the_defaults_and_explain_says_so():
     assert decisions[0].backend.name == "cuda_gemv" and decisions[0].hi == 16  # the issue's M=1 case: the GEMV
 
 
+@pytest.mark.parametrize("fmt,mode", PAIRS, ids=str)
+def test_the_defaults_say_whose_range_covers_which_tokens_and_each_reason_once(fmt, mode):
+    """Unmeasured (an RTX 5090), each range's reason names tokens the winner's default range covers, or says that
+    no default range of the backends it chose among (those on the plan's copy of the weight) covers them; a loser's
+    reason spanning two merged ranges says nothing twice."""
+    q = query(fmt, mode, SM120, max_tokens=8192)
+    by_name = {cls.name: cls for cls in backends.for_op("linear")}
+
+    def covers(cls, m):
+        first, last = cls.default_tokens
+        return first <= m and (last is None or m <= last)
+
+    for d in plan.choose(q, entries=())[2]:
+        rivals = [by_name[name] for name, why in d.lost if "second copy" not in why]
+        for lo, hi, whose in re.findall(r"default (?:order )?for (\d+)(?:-(\d+))? tokens(, which no)?", d.why):
+            span = range(int(lo), int(hi or lo) + 1)
+            if whose:
+                assert not any(covers(cls, m) for cls in [d.backend, *rivals] for m in span), (d.why, d.backend)
+            else:
+                assert covers(d.backend, span[0]) and covers(d.backend, span[-1]), (d.why, d.backend)
+        for loser, why in d.lost:
+            parts = why.split(", ")
+            assert len(parts) == len(set(parts)), (loser, why)
+
+
 def test_a_prepared_plan_on_cpu_is_the_reference_and_explain_prints_it(rng):
     qw = bf.quantize(rng.standard_normal((16, 256)).astype(np.float32), "MXFP4")
     lin = bc.prepare_linear(qw, max_tokens=8, activation="mxfp8")

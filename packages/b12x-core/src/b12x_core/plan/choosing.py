@@ -35,18 +35,25 @@ def _default_decisions(able: list[type[Backend]], lo: int, hi: int, basis_note: 
     edges = sorted(bounds)
     out: list[Decision] = []
     for a, b in zip(edges, edges[1:], strict=False):
-        winner = next((cls for cls in able if covers(cls, a)), able[0])
-        why = f"default for {tokens(a, b - 1)} tokens ({basis_note})"
+        covered = [cls for cls in able if covers(cls, a)]
+        winner = covered[0] if covered else able[0]
+        span = f"{tokens(a, b - 1)} tokens"
+        if covered:
+            why = f"default for {span} ({basis_note})"
+        else:  # say so, rather than call the first capable backend's pick a default range it does not have
+            why = f"default order for {span}, which no default range here covers ({basis_note})"
         lost = []
         for cls in able:
             if cls is winner:
                 continue
             if covers(cls, a):
                 lost.append((cls.name, f"unmeasured here: the default order puts {winner.name} first"))
-                continue
-            first, last = cls.default_tokens
-            span = f"{first}+" if last is None else f"{first}-{last}"
-            lost.append((cls.name, f"the defaults prefer {winner.name} here (its default range: {span} tokens)"))
+            elif not covered:
+                lost.append((cls.name, f"{span} in no default range: the default order puts {winner.name} first"))
+            else:
+                first, last = cls.default_tokens
+                own = f"{first}+" if last is None else f"{first}-{last}"
+                lost.append((cls.name, f"{span} outside its default range ({own})"))
         out.append(Decision(a, b - 1, winner, why, tuple(lost)))
     return out
 
@@ -89,7 +96,10 @@ def _merge(decisions: list[Decision]) -> list[Decision]:
         if prev is not None and prev.backend is d.backend and prev.hi + 1 == d.lo:
             lost = dict(prev.lost)
             for name, why in d.lost:
-                lost[name] = f"{lost[name]}, {why}" if name in lost else why
+                if name not in lost:
+                    lost[name] = why
+                elif not lost[name].endswith(why):  # the same reason in both ranges is said once
+                    lost[name] = f"{lost[name]}, {why}"
             why = f"{prev.why}, {d.why.removeprefix('fastest at ')}"
             out[-1] = Decision(prev.lo, d.hi, d.backend, why, tuple(lost.items()))
         else:
