@@ -253,15 +253,20 @@ def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_fa
     assert all("held" not in TensorCoreMoE.call_config(q, m) for m in ms)
 
 
-def test_default_plan_keeps_the_triton_moe_until_measured():
-    """Unmeasured (no crossover row), the conservative plan runs the Triton MoE; the tensor-core MoE is listed
-    as the runner-up with the reason."""
+@pytest.mark.parametrize("capability", [(9, 0), (12, 0), (12, 1)], ids=lambda c: f"sm_{c[0]}{c[1]}")
+def test_an_unmeasured_plan_runs_the_tensor_core_moe_where_the_extension_can(capability):
+    """Unmeasured (no crossover row: an SM12x GPU), the conservative plan runs the tensor-core MoE, which the H200
+    measured faster than the Triton MoE at every point, and lists the Triton MoE as the runner-up with the reason;
+    without the CUDA extension the Triton MoE runs it."""
     from b12x_core import plan
 
-    query = _query(CUDA_H200, 64)
-    basis, _, decisions = plan.choose(query, entries=[])
-    assert [d.backend.name for d in decisions] == ["triton_moe"]
-    assert "tensor_core_moe" in dict(decisions[0].lost)
+    device = dataclasses.replace(CUDA_H200, capability=capability)
+    basis, _, decisions = plan.choose(_query(device, 64), entries=[])
+    assert "conservative defaults" in basis
+    assert [d.backend.name for d in decisions] == ["tensor_core_moe"]
+    assert "default order" in dict(decisions[0].lost)["triton_moe"]
+    without = dataclasses.replace(device, kernels="b12x_kernels' CUDA extension is not built")
+    assert [d.backend.name for d in plan.choose(_query(without, 64), entries=[])[2]] == ["triton_moe"]
 
 
 @pytest.mark.parametrize(

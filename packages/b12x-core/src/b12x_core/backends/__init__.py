@@ -22,8 +22,11 @@ REGISTRY: tuple[type[Backend], ...] = (
     DecodeGemm,
     TritonTiles,
     TensorCoreWgmma,  # after the others: chosen only where measurements (crossover.json) say it is faster
+    # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
+    # proxy): on the H200 it ran 1.03-7.2x the Triton MoE at every measured token count, format and shape
+    # (crossover.json, 2026-12-04). The Triton MoE runs what it cannot (no CUDA extension, the interpreter).
+    TensorCoreMoE,
     TritonMoE,
-    TensorCoreMoE,  # after TritonMoE: chosen where measurements (crossover.json) say it is faster
     CudaEmbeddingQ8_0,
     ReferenceLinear,
     ReferenceMoE,
