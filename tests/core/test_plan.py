@@ -411,3 +411,54 @@ def test_a_backend_measured_on_each_layout_is_judged_on_the_layout_the_plan_keep
     without = dataclasses.replace(entry, us={k: v for k, v in us.items() if "@" not in k})
     _, _, naive = plan.choose(q, entries=(without,))  # measured on one layout only: decode reads mma as fast
     assert [d.backend.name for d in naive] == ["tensor_core", "decode_gemm"]
+
+
+def _cta_bytes(fmt: str, config: dict, last: int, chunks: int) -> int:
+    """Shared memory one CTA of a tensor-core plan row takes (the kernels' own count), held rows included."""
+    from b12x_core.tensor_core import gemm, geometry
+
+    c = gemm.MmaConfig.of_plan_row(config)
+    held = (min(last, 8), -(-chunks // c.splits)) if c.resident else (0, 0)
+    return geometry.smem_bytes(fmt, c.mt, c.tiles, *held)
+
+
+@pytest.mark.parametrize("fmt,mode", PAIRS, ids=str)
+def test_tensor_core_ctas_fit_the_shared_memory_of_sm12x_and_sm90_plans_are_unchanged(fmt, mode, monkeypatch):
+    """On an RTX 5090 (99 KB a block) every CTA of the tensor-core GEMM's rows at 1-4096 tokens fits: a 32-token
+    FP4 tile, any IQ2_XS tile of 128 rows and IQ2_XXS tiles past 8 tokens do not (they would fail to launch), so those
+    rows take smaller token tiles or shorter CTAs. On the H200 (227 KB) the rows are what they are with no limit."""
+    from b12x_core.backends.tensor_core import TensorCoreGemm
+    from b12x_core.tensor_core import geometry
+
+    pytest.importorskip("b12x_kernels._C", reason="the kernels count their own shared memory")
+    for device in (SM120, H200):
+        q = query(fmt, mode, device, n=6144, k=4096)
+        if not TensorCoreGemm.can_implement(q)[0]:
+            continue
+        chunks = -(-q.k // geometry.chunk_k(fmt))
+        rows = TensorCoreGemm.configs(q, 1, 4096)
+        assert all(0 < _cta_bytes(fmt, config, last, chunks) <= device.smem_kb * 1024 for _, last, config in rows)
+        if device is H200:
+            with monkeypatch.context() as unlimited:
+                unlimited.setattr(geometry, "smem_limit", lambda q: 0)
+                assert TensorCoreGemm.configs(q, 1, 4096) == rows
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "Q8_0"])
+def test_the_tensor_core_moe_on_sm12x_fits_its_shared_memory_or_leaves_the_layer_to_triton(fmt):
+    """On an RTX 5090 the grouped GEMM's 128-row CTAs must fit 99 KB: IQ2_XS's do not even at 8-slot tiles (its grid
+    and sign tables take 40 KB), so the tensor-core MoE says why and the Triton MoE runs the layer; the others run
+    every token count with CTAs that fit."""
+    from b12x_core.backends.tensor_core_moe import GROUPED_TILES, TensorCoreMoE
+    from b12x_core.tensor_core import geometry
+
+    pytest.importorskip("b12x_kernels._C", reason="the kernels count their own shared memory")
+    q = moe_query(fmt, SM120)
+    able, why = TensorCoreMoE.can_implement(q)
+    if geometry.smem_bytes(fmt, 1, GROUPED_TILES) > 99 * 1024:
+        assert not able and "shared memory" in why and "99 KB" in why
+        assert {d.backend.name for d in plan.choose(q, entries=())[2]} == {"triton_moe"}
+        return
+    assert able, why
+    for _, _, config in TensorCoreMoE.configs(q, 1, 4096):
+        assert 0 < geometry.smem_bytes(fmt, config["tokens"] // 8, GROUPED_TILES) <= 99 * 1024, config

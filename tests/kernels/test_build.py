@@ -40,3 +40,20 @@ def test_fat_binary_holds_sm90_sm120a_sm121a():
     listing = subprocess.run([str(tool), "--list-elf", b12x_kernels._C.__file__], capture_output=True, text=True).stdout
     for arch in ("sm_90", "sm_120a", "sm_121a"):
         assert f".{arch}." in listing, listing
+
+
+def test_the_extension_counts_each_kernels_shared_memory_without_a_gpu():
+    """mma_smem_bytes, the host count the plans keep every CTA within a GPU's shared memory by (SM12x: 99 KB a
+    block): it grows with the token tile, the CTA height and the rows held, and is 0 for a kernel that does not
+    exist (a 24-token tile, a short CTA past one-token tiles, rows held past one-token tiles)."""
+    if b12x_kernels._C is None:
+        pytest.skip(b12x_kernels.unavailable_reason())
+    from b12x_formats.kernel_facts import format_id
+
+    count = b12x_kernels.mma_smem_bytes
+    for fmt in ("FP8", "FP8_BLOCK", "MXFP8", "NVFP4", "MXFP4", "Q8_0", "IQ2_XXS", "IQ2_XS"):
+        f = format_id(fmt)
+        assert 0 < count(f, 1) < count(f, 2) < count(f, 4), fmt
+        assert 0 < count(f, 1, 6) < count(f, 1, 7) < count(f, 1, 8), fmt
+        assert 0 < count(f, 1, 8, 1, 4) < count(f, 1, 8, 8, 4) < count(f, 1, 8, 8, 8), fmt
+        assert count(f, 3) == count(f, 2, 7) == count(f, 2, 8, 8, 4) == 0, fmt

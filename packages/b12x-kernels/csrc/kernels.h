@@ -75,6 +75,10 @@ struct MmaCall {
 int mma_blocks_per_sm(int format, int mt, int rt, int tiles);
 // Shared memory a CTA of a resident-activation plan takes for M rows (MmaPlan::resident; at most 227 KB can run).
 int mma_resident_smem_bytes(const MmaPlan& plan, int M);
+// The dynamic shared memory a CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles) takes: staged
+// activations, or with resident_rows > 0 that many rows held over chunks_per_split chunks (mt 1). 0: no such kernel.
+// A host computation (no device): the plans keep every CTA within the device's per-block limit (99 KB on SM12x).
+int mma_smem_bytes(int format, int mt, int tiles, int resident_rows, int chunks_per_split);
 // Why a plan cannot run (null when it can): checked once per call, before anything launches.
 const char* mma_plan_error(const MmaPlan& plan);
 cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);

@@ -20,6 +20,17 @@ int mma_blocks_per_sm(int format, int mt, int rt, int tiles) {
   return with_format(format, 0, [&](auto f) { return blocks_per_sm_cfg<decltype(f)>(mt, rt, tiles); });
 }
 
+int mma_smem_bytes(int format, int mt, int tiles, int resident_rows, int chunks_per_split) {
+  return with_format(format, 0, [&](auto f) {
+    using F = decltype(f);
+    return with_kernel(mt, 1, tiles, 0, [&](auto MT, auto, auto TL) {
+      constexpr int mt_ = decltype(MT)::value, tl_ = decltype(TL)::value;
+      if (resident_rows > 0) return mt_ == 1 ? resident_smem_bytes<F>(resident_rows, chunks_per_split, tl_) : 0;
+      return smem_bytes<F, mt_, tl_>();
+    });
+  });
+}
+
 int mma_resident_smem_bytes(const MmaPlan& plan, int M) {
   const int chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
   return with_format(plan.format, 0,

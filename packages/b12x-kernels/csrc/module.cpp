@@ -107,6 +107,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"),
         py::arg("tiles") = 8);
+  m.def("mma_smem_bytes", &b12x::mma_smem_bytes, py::arg("format"), py::arg("mt"), py::arg("tiles") = 8,
+        py::arg("resident_rows") = 0, py::arg("chunks_per_split") = 0);
 
   m.def(
       "mma_gemm",

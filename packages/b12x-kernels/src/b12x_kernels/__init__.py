@@ -74,6 +74,8 @@ def _needs_build(name: str):
 #       out[n * plan.ldy + k] = W[n, k] · plan.row_scale[n] (every format; the bits of the Triton pass, mma_decode,
 #       and of the checkpoint decode)
 #   mma_blocks_per_sm(format_id, mt, rt, tiles=8): CTAs of the tensor-core GEMM one SM of the current device holds
+#   mma_smem_bytes(format_id, mt, tiles=8, resident_rows=0, chunks_per_split=0): the dynamic shared memory one CTA of
+#       that kernel takes (held rows where resident_rows > 0; 0: no such kernel), computed on the host
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
@@ -83,3 +85,4 @@ wgmma_blocks_per_sm = _C.wgmma_blocks_per_sm if _C else _needs_build("wgmma_bloc
 embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
 mma_dequantize = _C.mma_dequantize if _C else _needs_build("mma_dequantize")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")
+mma_smem_bytes = _C.mma_smem_bytes if _C else _needs_build("mma_smem_bytes")

@@ -20,7 +20,7 @@ from .. import workspace
 from ..tensor_core import gemm, geometry, layout
 from . import operands
 from .base import Backend, config_ranges
-from .operands import mma_layout_reason
+from .operands import mma_layout_reason, smem_reason
 
 MODES = operands.BF16_EXACT_MODES
 # Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
@@ -47,7 +47,7 @@ class TensorCoreGemm(Backend):
     def can_implement(cls, q):
         if q.format not in layout.FORMATS:
             return False, f"has no layout for {q.format}"
-        why = mma_layout_reason(q)
+        why = mma_layout_reason(q) or smem_reason(q, q.format, geometry.CTA_HEIGHTS[-1])
         if why:
             return False, why
         return True, "tensor-core mixed-input GEMM (weights decoded into bf16 MMA fragments, split K)"
@@ -62,11 +62,13 @@ class TensorCoreGemm(Backend):
         q = query
         chunks = -(-q.k // geometry.chunk_k(q.format))
         slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
+        limit = geometry.smem_limit(q)  # every CTA within the device's shared memory a block
 
         def config_of(m: int) -> dict:
-            c = gemm.default_config(m, q.n, chunks, slots[geometry.token_tile(m)], sms=q.device.sms,
+            mt = geometry.fitting_token_tile(m, q.format, limit)
+            c = gemm.default_config(m, q.n, chunks, slots[mt], sms=q.device.sms,
                                     share=gemm.split_share(q.format, m, q.k), fmt=q.format,
-                                    act_mode=q.act_mode)  # fmt: skip
+                                    act_mode=q.act_mode, smem_limit=limit)  # fmt: skip
             in_kernel = quantizes_in_kernel(q.format, q.act_mode, c)
             return {**c.plan_row(), **({"x_quant": q.act_mode} if in_kernel else {})}
 

@@ -55,6 +55,7 @@ FUSED_MAX_SLOTS = 32
 # True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
 # FUSED_MAX_SLOTS.
 FUSES: bool | None = None
+GROUPED_TILES = geometry.ROWS_PER_CTA // geometry.TILE_ROWS  # row tiles a grouped CTA: always 128 rows
 
 
 def _rows13(shape) -> int:
@@ -81,6 +82,8 @@ class TensorCoreMoE(Backend):
         if shape.hidden % 8 or shape.intermediate % 8:
             return False, "stages activations in 16-byte pieces: needs H % 8 == 0 and I % 8 == 0"
         why = cuda_reason(q, triton=True)
+        for fmt in (q.format, shape.w2_format):  # SM12x's 99 KB: IQ2_XS does not fit a grouped CTA
+            why = why or operands.smem_reason(q, fmt, GROUPED_TILES)
         if why:
             return False, why
         return True, "tensor-core grouped GEMMs over expert-sorted slots (weights decoded into bf16 MMA fragments)"
@@ -106,7 +109,8 @@ class TensorCoreMoE(Backend):
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
         per_expert = -(-slots // touched)
-        mt = geometry.token_tile(per_expert)
+        limit = geometry.smem_limit(query)  # both GEMMs' CTAs within the device's shared memory a block
+        mt = min(geometry.fitting_token_tile(per_expert, fmt, limit) for fmt in (query.format, shape.w2_format))
         busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
         splits = []
         for fmt, n, k in ((query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
@@ -151,9 +155,13 @@ class TensorCoreMoE(Backend):
         or the operand pass where the format has no in-kernel form for it)."""
         shape = query.moe
         held, modes = [], []
+        limit = geometry.smem_limit(query)
         for fmt, k, splits_k, mode in ((query.format, shape.hidden, splits[0], query.act_mode),
                                        (shape.w2_format, shape.intermediate, splits[1], shape.act_mode_2)):  # fmt: skip
-            holds = gemm.held_rows_fit(fmt, slots, -(-k // geometry.chunk_k(fmt)), splits_k)
+            chunks = -(-k // geometry.chunk_k(fmt))
+            per_split = -(-chunks // splits_k)
+            in_smem = geometry.fits(fmt, 1, GROUPED_TILES, limit, min(slots, 8), per_split)
+            holds = gemm.held_rows_fit(fmt, slots, chunks, splits_k) and in_smem
             held.append(holds)
             modes.append(mode if holds and gemm.quantizes(fmt, mode) else "none")
         return {"held": tuple(held), "x_quant": tuple(modes)}

@@ -18,7 +18,7 @@ from b12x_formats.kernel_facts import format_id
 from b12x_formats.quantized import codec_for
 
 from .. import pdl
-from . import layout
+from . import geometry, layout
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tile, token_tiles
 
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
@@ -146,23 +146,29 @@ STREAMING_CTAS_PER_SM = 2
 
 def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
                    sms: int = 0, share: float = 0.0, balance: bool = True, fmt: str = "",
-                   act_mode: str = "bf16") -> MmaConfig:  # fmt: skip
+                   act_mode: str = "bf16", smem_limit: int = 0) -> MmaConfig:  # fmt: skip
     """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
     per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
     given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
     least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
     far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it). Given the format,
     one-token tiles hold their activations whole where the rule measured for it and `act_mode` allows
-    (holds_resident)."""
-    mt = token_tile(m)
-    tiles = output_tiles(token_tiles(m, mt), n)
-    if mt == 1 and sms and rt == 1 and balance:
-        config = balanced_config(m, n, chunks, sms, max_splits)
-    elif mt == 1 and sms:
-        config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt)
+    (holds_resident). Given the format and the device's shared memory a block (`smem_limit`, bytes), every CTA fits
+    it: smaller token tiles (geometry.fitting_token_tile) or shorter one-token CTAs (fitting_heights) where the
+    usual ones would not launch (SM12x's 99 KB); `slots` must then be the chosen token tile's."""
+    mt = geometry.fitting_token_tile(m, fmt, smem_limit)
+    # no height fits: the backends' can_implement refuse the format first (geometry.fitting_heights)
+    height = (geometry.fitting_heights(fmt, smem_limit) or geometry.CTA_HEIGHTS)[0] if mt == 1 else 8
+    if height != 8:
+        rt = 1  # shorter CTAs are one row tile a warp
+    tiles = output_tiles(token_tiles(m, mt), n, TILE_ROWS * height)
+    if m <= 8 and sms and rt == 1 and balance:  # one token tile: the one-token rules, measured there
+        config = balanced_config(m, n, chunks, sms, max_splits, geometry.fitting_heights(fmt, smem_limit) or (8,))
+    elif m <= 8 and sms:
+        config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt, height)
     else:
-        return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt)
-    if holds_resident(fmt, m, chunks, config, act_mode):
+        return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt, height)
+    if holds_resident(fmt, m, chunks, config, act_mode, smem_limit):
         config = replace(config, resident=True)
     return config
 
@@ -190,14 +196,18 @@ RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
 
-def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: str = "bf16") -> bool:
+def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: str = "bf16",
+                   smem_limit: int = 0) -> bool:  # fmt: skip
     """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
     tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS and for the pairs the kernel
-    quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16."""
+    quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16, and
+    its CTA within the device's shared memory a block (`smem_limit` bytes; 0: not checked)."""
     past_one = fmt in RESIDENT_FORMATS or quantizes(fmt, act_mode)
     if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
-    return held_rows_fit(fmt, m, chunks, config.splits)
+    per_split = -(-chunks // config.splits)
+    fits = geometry.fits(fmt, 1, config.tiles, smem_limit, min(m, 8), per_split)
+    return held_rows_fit(fmt, m, chunks, config.splits) and fits
 
 
 def quantizes(fmt: str, act_mode: str) -> bool:
@@ -212,20 +222,22 @@ def held_rows_fit(fmt: str, rows: int, chunks: int, splits: int) -> bool:
     return min(rows, 8) * split_k * 2 <= RESIDENT_MAX_BYTES
 
 
-def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16) -> MmaConfig:
+def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16,
+                    heights: tuple[int, ...] = geometry.CTA_HEIGHTS) -> MmaConfig:  # fmt: skip
     """At one-token tiles, the CTA height (6, 7 or 8 row tiles) and K split that give the busiest SM the least work
     when one wave of STREAMING_CTAS_PER_SM CTAs an SM holds every CTA — row tiles × chunks on the SM with the most
     CTAs. 8B gate_up (1792 row tiles, 32 chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256
     CTAs of 7 put 2 × 7 × 32. Measured (H200, 2026-12-03, the 8B layer at one token): 1.5-3.5% faster than
     streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%); for IQ2_XS / IQ2_XXS 1% slower
     while each CTA waited on its shared-table fill, 1-2% faster since the fill overlaps the weights (8B and 70B
-    layers at one and four tokens, docs/performance.md)."""
+    layers at one and four tokens, docs/performance.md). `heights`: the CTA heights that fit the device
+    (geometry.fitting_heights)."""
     mt = token_tile(m)
     if mt != 1:
         return MmaConfig(mt, 1)
     n16 = -(-n // 16)
     best = None
-    for tiles in (8, 7, 6):
+    for tiles in heights:
         blocks = -(-n16 // tiles)
         for splits in range(1, max(1, min(max_splits, chunks // 4)) + 1):
             ctas = blocks * splits

@@ -9,8 +9,14 @@ from b12x_kernels.interface import LANE_BYTES, QUAD, ROWS_PER_CTA, TILE_ROWS, TO
 
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
-__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "LANE_BYTES", "QUAD", "ROWS_PER_CTA", "TILE_ROWS", "TOKEN_TILES", "chunk_k",
-           "occupancy_slots", "output_tiles", "split_tickets", "token_tile", "token_tiles"]  # fmt: skip
+# The kernel's static __shared__ arrays (its row maps, warp sums and flags: about 300 bytes) count against the same
+# per-block limit as the dynamic shared memory b12x_kernels.mma_smem_bytes gives.
+STATIC_SMEM_BOUND = 1024
+CTA_HEIGHTS = (8, 7, 6)  # row tiles a CTA: 8, or 7 / 6 at one-token tiles of one row tile a warp (csrc with_kernel)
+
+__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "LANE_BYTES", "QUAD", "ROWS_PER_CTA", "STATIC_SMEM_BOUND",
+           "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile", "occupancy_slots",
+           "output_tiles", "smem_bytes", "smem_limit", "split_tickets", "token_tile", "token_tiles"]  # fmt: skip
 
 
 def token_tile(m: int) -> int:
@@ -47,3 +53,46 @@ def occupancy_slots(query, fmt: str, mt: int) -> int:
 
         blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
     return query.device.sms * blocks
+
+
+def smem_limit(query) -> int:
+    """Bytes of shared memory one CTA may take on the query's CUDA device (its opt-in limit per block: 227 KB on
+    SM90, 99 KB on SM12x); 0 where no CUDA kernel runs (nothing to keep within)."""
+    return query.device.smem_kb * 1024 if query.on_cuda and not query.device.kernels else 0
+
+
+def smem_bytes(fmt: str, mt: int, tiles: int = ROWS_PER_CTA // TILE_ROWS, resident_rows: int = 0,
+               chunks_per_split: int = 0) -> int | None:  # fmt: skip
+    """The shared memory one CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles; rows held over the
+    split's K where resident_rows) takes, static bound included; 0: no such kernel; None: the kernels are not at
+    hand to say (b12x_kernels without its extension)."""
+    import b12x_kernels
+    from b12x_formats.kernel_facts import format_id
+
+    if b12x_kernels._C is None:
+        return None
+    need = b12x_kernels.mma_smem_bytes(format_id(fmt), mt, tiles, resident_rows, chunks_per_split)
+    return need + STATIC_SMEM_BOUND if need else 0
+
+
+def fits(fmt: str, mt: int, tiles: int, limit: int, resident_rows: int = 0, chunks_per_split: int = 0) -> bool:
+    """Whether that CTA runs within `limit` bytes a block (limit 0, or kernels not at hand: nothing to check)."""
+    if not limit or not fmt:
+        return True
+    need = smem_bytes(fmt, mt, tiles, resident_rows, chunks_per_split)
+    return need is None or 0 < need <= limit
+
+
+def fitting_token_tile(m: int, fmt: str, limit: int) -> int:
+    """token_tile(m), halved while its 128-row CTA does not fit `limit` (SM12x's 99 KB: FP4 at 32-token tiles, IQ2 at
+    16): more token tiles of the kernel that runs, rather than one that cannot launch."""
+    mt = token_tile(m)
+    while mt > 1 and not fits(fmt, mt, ROWS_PER_CTA // TILE_ROWS, limit):
+        mt //= 2
+    return mt
+
+
+def fitting_heights(fmt: str, limit: int) -> tuple[int, ...]:
+    """The CTA heights (CTA_HEIGHTS) whose one-token CTA fits `limit`: all three on SM90; on SM12x IQ2_XS's grid
+    and sign tables leave room for 7 or 6 row tiles only. Empty: no form of the kernel fits."""
+    return tuple(t for t in CTA_HEIGHTS if fits(fmt, 1, t, limit))
