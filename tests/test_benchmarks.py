@@ -21,9 +21,9 @@ def test_plan_check_smoke_writes_rows_and_a_table_the_plan_reads(tmp_path):
     assert {(r["format"], r["mode"]) for r in measured} == {("Q8_0", "bf16"), ("FP8", "bf16"), ("FP8", "fp8_static"),
                                                             ("FP8", "fp8_token")}  # fmt: skip
     assert all(set(r["backends"]) == {"reference"} and r["dispatched"] > 0 for r in measured)
-    # every timing says when it ended (to join a clock log); a pair's dispatched op is timed after its backends
+    # every timing says when it ended (unix seconds, to join a clock log)
     assert all(set(r["timed_at"]) == {*r.get("backends", ()), "dispatched"} for r in rows)
-    assert all(r["timed_at"]["dispatched"] >= max(r["timed_at"][b] for b in r["backends"]) for r in measured)
+    assert all(isinstance(t, float) and t > 1e9 for r in rows for t in r["timed_at"].values())
     from b12x_core import crossover
 
     entries = crossover.load(tmp_path / "table.json")
