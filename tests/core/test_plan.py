@@ -449,16 +449,16 @@ def test_the_tensor_core_moe_on_sm12x_fits_its_shared_memory_or_leaves_the_layer
     """On an RTX 5090 the grouped GEMM's 128-row CTAs must fit 99 KB: IQ2_XS's do not even at 8-slot tiles (its grid
     and sign tables take 40 KB), so the tensor-core MoE says why and the Triton MoE runs the layer; the others run
     every token count with CTAs that fit."""
-    from b12x_core.backends.tensor_core_moe import GROUPED_TILES, TensorCoreMoE
+    from b12x_core.backends.tensor_core_moe import TensorCoreMoE
     from b12x_core.tensor_core import geometry
 
     pytest.importorskip("b12x_kernels._C", reason="the kernels count their own shared memory")
     q = moe_query(fmt, SM120)
     able, why = TensorCoreMoE.can_implement(q)
-    if geometry.smem_bytes(fmt, 1, GROUPED_TILES) > 99 * 1024:
+    if geometry.smem_bytes(fmt, 1, geometry.FULL_HEIGHT) > 99 * 1024:
         assert not able and "shared memory" in why and "99 KB" in why
         assert {d.backend.name for d in plan.choose(q, entries=())[2]} == {"triton_moe"}
         return
     assert able, why
     for _, _, config in TensorCoreMoE.configs(q, 1, 4096):
-        assert 0 < geometry.smem_bytes(fmt, config["tokens"] // 8, GROUPED_TILES) <= 99 * 1024, config
+        assert 0 < geometry.smem_bytes(fmt, config["tokens"] // 8, geometry.FULL_HEIGHT) <= 99 * 1024, config

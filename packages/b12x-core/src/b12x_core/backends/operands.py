@@ -107,16 +107,3 @@ def mma_layout_reason(q) -> str:
     if q.shares_bytes:
         return "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
     return cuda_reason(q) or ""
-
-
-def smem_reason(q, fmt: str, tiles: int) -> str:
-    """Why no CTA of the tensor-core GEMM for `fmt` fits the device's shared memory a block, at its smallest form
-    (one-token tiles, `tiles` row tiles: the dense GEMM's shortest CTA, the grouped GEMM's 128-row one), or ""."""
-    from ..tensor_core import geometry
-
-    limit = geometry.smem_limit(q)
-    if geometry.fits(fmt, 1, tiles, limit):
-        return ""
-    need = geometry.smem_bytes(fmt, 1, tiles)
-    return (f"a CTA of its {fmt} kernel takes {need / 1024:.1f} KB of shared memory at the least (one-token tiles, "
-            f"{16 * tiles} rows), this GPU allows {q.device.smem_kb} KB a block")  # fmt: skip

@@ -20,7 +20,7 @@ from .. import workspace
 from ..tensor_core import gemm, geometry, layout
 from . import operands
 from .base import Backend, config_ranges
-from .operands import mma_layout_reason, smem_reason
+from .operands import mma_layout_reason
 
 MODES = operands.BF16_EXACT_MODES
 # Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
@@ -47,7 +47,7 @@ class TensorCoreGemm(Backend):
     def can_implement(cls, q):
         if q.format not in layout.FORMATS:
             return False, f"has no layout for {q.format}"
-        why = mma_layout_reason(q) or smem_reason(q, q.format, geometry.CTA_HEIGHTS[-1])
+        why = mma_layout_reason(q) or geometry.smem_reason(q, q.format, geometry.CTA_HEIGHTS[-1])
         if why:
             return False, why
         return True, "tensor-core mixed-input GEMM (weights decoded into bf16 MMA fragments, split K)"

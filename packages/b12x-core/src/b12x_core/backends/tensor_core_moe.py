@@ -55,7 +55,6 @@ FUSED_MAX_SLOTS = 32
 # True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
 # FUSED_MAX_SLOTS.
 FUSES: bool | None = None
-GROUPED_TILES = geometry.ROWS_PER_CTA // geometry.TILE_ROWS  # row tiles a grouped CTA: always 128 rows
 
 
 def _rows13(shape) -> int:
@@ -83,7 +82,7 @@ class TensorCoreMoE(Backend):
             return False, "stages activations in 16-byte pieces: needs H % 8 == 0 and I % 8 == 0"
         why = cuda_reason(q, triton=True)
         for fmt in (q.format, shape.w2_format):  # SM12x's 99 KB: IQ2_XS does not fit a grouped CTA
-            why = why or operands.smem_reason(q, fmt, GROUPED_TILES)
+            why = why or geometry.smem_reason(q, fmt, geometry.FULL_HEIGHT)  # grouped CTAs are 128 rows
         if why:
             return False, why
         return True, "tensor-core grouped GEMMs over expert-sorted slots (weights decoded into bf16 MMA fragments)"
@@ -160,8 +159,9 @@ class TensorCoreMoE(Backend):
                                        (shape.w2_format, shape.intermediate, splits[1], shape.act_mode_2)):  # fmt: skip
             chunks = -(-k // geometry.chunk_k(fmt))
             per_split = -(-chunks // splits_k)
-            in_smem = geometry.fits(fmt, 1, GROUPED_TILES, limit, min(slots, 8), per_split)
-            holds = gemm.held_rows_fit(fmt, slots, chunks, splits_k) and in_smem
+            holds = gemm.held_rows_fit(fmt, slots, chunks, splits_k) and geometry.fits(
+                fmt, 1, geometry.FULL_HEIGHT, limit, min(slots, 8), per_split
+            )
             held.append(holds)
             modes.append(mode if holds and gemm.quantizes(fmt, mode) else "none")
         return {"held": tuple(held), "x_quant": tuple(modes)}

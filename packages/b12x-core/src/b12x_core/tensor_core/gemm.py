@@ -157,13 +157,14 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     it: smaller token tiles (geometry.fitting_token_tile) or shorter one-token CTAs (fitting_heights) where the
     usual ones would not launch (SM12x's 99 KB); `slots` must then be the chosen token tile's."""
     mt = geometry.fitting_token_tile(m, fmt, smem_limit)
-    # no height fits: the backends' can_implement refuse the format first (geometry.fitting_heights)
-    height = (geometry.fitting_heights(fmt, smem_limit) or geometry.CTA_HEIGHTS)[0] if mt == 1 else 8
-    if height != 8:
+    # no height fits: the backends' can_implement refuse the format first (geometry.smem_reason)
+    heights = geometry.fitting_heights(fmt, smem_limit) or geometry.CTA_HEIGHTS
+    height = heights[0] if mt == 1 else geometry.FULL_HEIGHT
+    if height != geometry.FULL_HEIGHT:
         rt = 1  # shorter CTAs are one row tile a warp
     tiles = output_tiles(token_tiles(m, mt), n, TILE_ROWS * height)
     if m <= 8 and sms and rt == 1 and balance:  # one token tile: the one-token rules, measured there
-        config = balanced_config(m, n, chunks, sms, max_splits, geometry.fitting_heights(fmt, smem_limit) or (8,))
+        config = balanced_config(m, n, chunks, sms, max_splits, heights)
     elif m <= 8 and sms:
         config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt, height)
     else:
@@ -206,8 +207,8 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
     if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
     per_split = -(-chunks // config.splits)
-    fits = geometry.fits(fmt, 1, config.tiles, smem_limit, min(m, 8), per_split)
-    return held_rows_fit(fmt, m, chunks, config.splits) and fits
+    return held_rows_fit(fmt, m, chunks, config.splits) and geometry.fits(fmt, 1, config.tiles, smem_limit, min(m, 8),
+                                                                          per_split)  # fmt: skip
 
 
 def quantizes(fmt: str, act_mode: str) -> bool:

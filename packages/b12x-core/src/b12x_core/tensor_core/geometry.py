@@ -12,11 +12,13 @@ CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (p
 # The kernel's static __shared__ arrays (its row maps, warp sums and flags: about 300 bytes) count against the same
 # per-block limit as the dynamic shared memory b12x_kernels.mma_smem_bytes gives.
 STATIC_SMEM_BOUND = 1024
-CTA_HEIGHTS = (8, 7, 6)  # row tiles a CTA: 8, or 7 / 6 at one-token tiles of one row tile a warp (csrc with_kernel)
+FULL_HEIGHT = ROWS_PER_CTA // TILE_ROWS  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
+CTA_HEIGHTS = (FULL_HEIGHT, 7, 6)  # or 7 / 6 at one-token tiles of one row tile a warp (csrc with_kernel)
 
-__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "LANE_BYTES", "QUAD", "ROWS_PER_CTA", "STATIC_SMEM_BOUND",
-           "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile", "occupancy_slots",
-           "output_tiles", "smem_bytes", "smem_limit", "split_tickets", "token_tile", "token_tiles"]  # fmt: skip
+__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "QUAD", "ROWS_PER_CTA",
+           "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile",
+           "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets", "token_tile",
+           "token_tiles"]  # fmt: skip
 
 
 def token_tile(m: int) -> int:
@@ -61,7 +63,7 @@ def smem_limit(query) -> int:
     return query.device.smem_kb * 1024 if query.on_cuda and not query.device.kernels else 0
 
 
-def smem_bytes(fmt: str, mt: int, tiles: int = ROWS_PER_CTA // TILE_ROWS, resident_rows: int = 0,
+def smem_bytes(fmt: str, mt: int, tiles: int = FULL_HEIGHT, resident_rows: int = 0,
                chunks_per_split: int = 0) -> int | None:  # fmt: skip
     """The shared memory one CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles; rows held over the
     split's K where resident_rows) takes, static bound included; 0: no such kernel; None: the kernels are not at
@@ -87,7 +89,7 @@ def fitting_token_tile(m: int, fmt: str, limit: int) -> int:
     """token_tile(m), halved while its 128-row CTA does not fit `limit` (SM12x's 99 KB: FP4 at 32-token tiles, IQ2 at
     16): more token tiles of the kernel that runs, rather than one that cannot launch."""
     mt = token_tile(m)
-    while mt > 1 and not fits(fmt, mt, ROWS_PER_CTA // TILE_ROWS, limit):
+    while mt > 1 and not fits(fmt, mt, FULL_HEIGHT, limit):
         mt //= 2
     return mt
 
@@ -96,3 +98,14 @@ def fitting_heights(fmt: str, limit: int) -> tuple[int, ...]:
     """The CTA heights (CTA_HEIGHTS) whose one-token CTA fits `limit`: all three on SM90; on SM12x IQ2_XS's grid
     and sign tables leave room for 7 or 6 row tiles only. Empty: no form of the kernel fits."""
     return tuple(t for t in CTA_HEIGHTS if fits(fmt, 1, t, limit))
+
+
+def smem_reason(query, fmt: str, tiles: int) -> str:
+    """Why no CTA of the tensor-core GEMM for `fmt` fits the query's device's shared memory a block, at its smallest
+    form (one-token tiles, `tiles` row tiles: the dense GEMM's shortest CTA, the grouped GEMM's 128-row one), or ""."""
+    limit = smem_limit(query)
+    if fits(fmt, 1, tiles, limit):
+        return ""
+    need = smem_bytes(fmt, 1, tiles)
+    return (f"a CTA of its {fmt} kernel takes {need / 1024:.1f} KB of shared memory at the least (one-token tiles, "
+            f"{TILE_ROWS * tiles} rows), this GPU allows {query.device.smem_kb} KB a block")  # fmt: skip
