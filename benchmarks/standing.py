@@ -43,7 +43,7 @@ def markdown(cells: dict, names: list[str], dates: list[str]) -> str:
         if not here:
             continue
         ms = sorted({m for _, _, m in here})
-        labels = list(dict.fromkeys(label for _, label, _ in sorted(here, key=lambda k: (k[1], k[2]))))
+        labels = sorted({label for _, label, _ in here})
         out.append(f"**{model}** (× bf16 `F.linear`; the letter names the run)\n")
         out.append("| format × activations | " + " | ".join(f"M={m}" for m in ms) + " |")
         out.append("|---|" + "---:|" * len(ms))
