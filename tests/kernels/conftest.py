@@ -7,6 +7,19 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+
+@pytest.fixture
+def hopper():
+    """Skips unless an sm_90 GPU is here: the warpgroup MMA kernels (wgmma_gemm) run on Hopper only."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma_gemm runs on sm_90 (Hopper) only")
+
 
 def _interpreter_without_gpu() -> None:
     try:

@@ -1,4 +1,5 @@
-"""CUDA-graph capture for the GPU tests: warm up on a side stream, capture one call, hand back the graph."""
+"""CUDA-graph capture for the GPU tests: warm up on a side stream, capture one call, hand back the graph; an MoE call
+replayed on new inputs and routing."""
 
 from __future__ import annotations
 
@@ -15,3 +16,15 @@ def capture(fn):
             out = fn()
     torch.cuda.current_stream().wait_stream(stream)
     return graph, out
+
+
+def check_moe_replays_with_new_routing(run, x, weights, ids, experts: int, replays: int = 3) -> None:
+    """Capture run(x, weights, ids) once, then replay it on new activations and routing (ids drawn over `experts`):
+    every replay's output equals an eager call's on the same inputs."""
+    graph, out = capture(lambda: run(x, weights, ids))
+    for _ in range(replays):
+        ids.copy_(torch.randint(0, experts, ids.shape, device=ids.device, dtype=ids.dtype))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run(x, weights, ids))

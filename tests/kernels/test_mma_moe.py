@@ -18,7 +18,7 @@ import pytest
 import torch
 from closeness import close
 from fake_plans import FAKE
-from graphs import capture
+from graphs import check_moe_replays_with_new_routing
 from mma_emulator import effective_weight
 
 import b12x_core as bc
@@ -455,12 +455,4 @@ def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, f
 @pytest.mark.parametrize("t", [1, 40])  # split-K gate/up (tickets) and whole-K 16-slot blocks
 def test_gpu_tensor_core_moe_replays_in_cuda_graphs_with_new_routing(rng, t):
     gpu, _, (x, weights, ids) = _gpu_plan(rng, "IQ2_XS", "bf16", "silu", "up_gate", t)
-    row = gpu.for_tokens(t)
-    x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
-    graph, out = capture(lambda: row.run(x, weights, ids))
-    for _ in range(3):
-        ids.copy_(torch.randint(0, 8, ids.shape, device="cuda", dtype=ids.dtype))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, row.run(x, weights, ids))
+    check_moe_replays_with_new_routing(gpu.for_tokens(t).run, x.cuda(), weights.cuda(), ids.cuda(), experts=8)

@@ -157,14 +157,6 @@ def test_backend_declines_what_it_cannot_run():
 # ---------------------------------------------------------------------------------------------- GPU
 
 
-@pytest.fixture
-def hopper():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma_gemm runs on sm_90 (Hopper) only")
-
-
 def _shapes(fmt):
     from b12x_core.tensor_core import geometry
 

@@ -215,6 +215,14 @@ class DeviceWeights:
 
         return gemm.prepare(self.shards, self.device, mma_activation_factor(self.act_mode, self.input_scale))
 
+    def shared(self, key, make):
+        """A layout that this class does not name (`make()`'s result), made on first use under `key` and then
+        shared: every backend of the plan that asks for the same key reads one copy (tensor_core.experts.of)."""
+        made = self.__dict__.setdefault("_shared", {})
+        if key not in made:
+            made[key] = make()
+        return made[key]
+
     @functools.cached_property
     def row_factor(self) -> torch.Tensor:
         """float32 [N]: each row's per-tensor factor times the left-out activation scale (row_factors)."""

@@ -9,7 +9,7 @@ from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
-from .tensor_core_moe import TensorCoreMoE
+from .tensor_core_moe import TensorCoreMoE, TensorCoreMoEWgmma
 from .tensor_core_wgmma import TensorCoreWgmma
 from .triton_moe import TritonMoE
 from .triton_tiles import TritonTiles
@@ -27,6 +27,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     # (crossover.json, 2026-12-04). The Triton MoE runs what it cannot (no CUDA extension, the interpreter).
     TensorCoreMoE,
     TritonMoE,
+    TensorCoreMoEWgmma,  # after the others: chosen only where the measured MoE table says it is faster
     CudaEmbeddingQ8_0,
     ReferenceLinear,
     ReferenceMoE,

@@ -16,6 +16,8 @@ per GEMM over every touched expert.
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
+TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
+
 Configuration per token count: the token tile from the mean slots per expert; each GEMM's K whole unless its
 expected busy output tiles fill less than half the SMs (then split for even waves over SMs × CTAs per SM); the
 routing ("route"): "gemm" (fused, above) up to FUSED_MAX_SLOTS slots, else the table's maker as the Triton path's.
@@ -27,8 +29,7 @@ import torch
 
 from .. import crossover, workspace
 from ..moe_blocks import block_table, decode_kernels, max_blocks, table_maker
-from ..tensor_core import experts, gemm, geometry, layout
-from ..weights import mma_activation_factor
+from ..tensor_core import experts, gemm, geometry, layout, wgmma
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
@@ -95,10 +96,8 @@ class TensorCoreMoE(Backend):
         order = None
         if shape.activation == "silu":
             order = experts.interleave_gate_up(shape.intermediate, gate_first=shape.w13_order == "gate_up")
-        device = query.device.device
-        self.w13 = experts.prepare(w13.shards, device, mma_activation_factor(query.act_mode, w13.input_scale),
-                                       order)  # fmt: skip
-        self.w2 = experts.prepare(w2.shards, device, mma_activation_factor(shape.act_mode_2, w2.input_scale))
+        # the stacks live with the weights: every tensor-core MoE backend of the plan reads the same copy
+        self.w13, self.w2 = experts.of(w13, order), experts.of(w2)
         self.input_scales = (w13.input_scale, w2.input_scale)
 
     @classmethod
@@ -108,8 +107,7 @@ class TensorCoreMoE(Backend):
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
         per_expert = -(-slots // touched)
-        limit = geometry.smem_limit(query)  # both GEMMs' CTAs within the device's shared memory a block
-        mt = min(geometry.fitting_token_tile(per_expert, fmt, limit) for fmt in (query.format, shape.w2_format))
+        mt = cls._token_tile(query, per_expert)
         busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
         splits = []
         for fmt, n, k in ((query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
@@ -117,12 +115,24 @@ class TensorCoreMoE(Backend):
             tiles = geometry.output_tiles(busy_blocks, n)
             chunks = -(-k // geometry.chunk_k(fmt))
             few = tiles < query.device.sms * SPLIT_BELOW_SMS
-            splits.append(gemm.even_split(tiles, chunks, geometry.occupancy_slots(query, fmt, mt)) if few else 1)
+            splits.append(gemm.even_split(tiles, chunks, cls._occupancy(query, fmt, mt)) if few else 1)
         route = "gemm" if cls._fuses(query, slots) else table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
         if mt == 1 and cls._holds(query, tokens):
             config.update(cls._held(query, slots, splits))
         return config
+
+    @staticmethod
+    def _token_tile(query, per_expert: int) -> int:
+        """The token tile mt (8·mt slots a table block) for `per_expert` slots an expert, both GEMMs' CTAs within
+        the device's shared memory a block."""
+        limit = geometry.smem_limit(query)
+        return min(geometry.fitting_token_tile(per_expert, fmt, limit) for fmt in (query.format, query.moe.w2_format))
+
+    @staticmethod
+    def _occupancy(query, fmt: str, mt: int) -> int:
+        """CTAs of one GEMM (format, token tile) that run at once: what a K split fills."""
+        return geometry.occupancy_slots(query, fmt, mt)
 
     @staticmethod
     def _fuses(query, slots: int) -> bool:
@@ -200,7 +210,16 @@ class TensorCoreMoE(Backend):
         partial13 = [((s13, slots, _rows13(shape)), torch.float32)] if s13 > 1 else []
         inter = [((slots, shape.intermediate), torch.bfloat16)]
         inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate) if xq2 == "none" else []
-        return x_specs + partial13 + inter + inter_specs + [((s2, slots, shape.hidden), torch.float32)]
+        out = [((s2, slots, shape.hidden), torch.float32)]
+        return x_specs + partial13 + inter + inter_specs + out + self._launch_specs(tokens, config)
+
+    def _launch_specs(self, tokens: int, config: dict) -> list:
+        """Scratch the GEMM launches themselves take: none (the mma.sync kernels read their operands in place)."""
+        return []
+
+    def _launch(self, plan: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
+        """One grouped GEMM launch (gemm.launch's arguments; `scratch`: the tensors of _launch_specs)."""
+        gemm.launch(plan, a, y, slots, ws, stream, **grouped)
 
     def _x_specs(self, tokens: int, config: dict) -> list:
         """The gate/up input's operand pass buffers, none where the kernel quantizes x itself (x_quant)."""
@@ -240,6 +259,8 @@ class TensorCoreMoE(Backend):
         else:
             grouped = dict(table=block_table(topk_ids, shape.experts, config["tokens"], config["route"]))
         carved = workspace.carve(x.device, self._specs(t, config))
+        n_launch = len(self._launch_specs(t, config))
+        carved, scratch = carved[: len(carved) - n_launch], carved[len(carved) - n_launch :]
         xq13, xq2 = config.get("x_quant", ("none", "none"))
         n_x = len(self._x_specs(t, config))
         x_buffers, carved = carved[:n_x], carved[n_x:]
@@ -252,7 +273,7 @@ class TensorCoreMoE(Backend):
 
         x_in = x if xq13 != "none" else operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)[0]
         ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
-        gemm.launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, **grouped)
+        self._launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, scratch, **grouped)
         inter_in = inter
         if xq2 == "none":
             inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
@@ -260,7 +281,59 @@ class TensorCoreMoE(Backend):
         weights = topk_weights.to(torch.float32).contiguous()
         ws2 = gemm.MmaWorkspace(out, tickets)
         if fused:  # the down GEMM combines its slot rows into y
-            gemm.launch(plan2, inter_in.contiguous(), y, slots, ws2, stream, combine_w=weights, **grouped)
+            self._launch(plan2, inter_in.contiguous(), y, slots, ws2, stream, scratch, combine_w=weights, **grouped)
             return y
-        gemm.launch(plan2, inter_in.contiguous(), None, slots, ws2, stream, **grouped)
+        self._launch(plan2, inter_in.contiguous(), None, slots, ws2, stream, scratch, **grouped)
         return tiles.moe_combine(out, weights, y)
+
+
+class TensorCoreMoEWgmma(TensorCoreMoE):
+    """The fused MoE on the Hopper form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, grouped;
+    csrc/wgmma_gemm.cu), issue 22's grouped warpgroup GEMM for prefill-sized calls: the same expert stacks (one
+    copy: experts.of), block table, epilogues and combine as TensorCoreMoE, each table block's 32-128 slots one
+    expert's as the warpgroup MMA's N, the weights decoded in registers as its A operand. Each GEMM stages its
+    activations in the MMA's operand order first (wgmma.staged_bytes), so it is two launches.
+
+    It leaves TensorCoreMoE the decode-sized forms (routing and combine inside the GEMMs, held rows) and the formats
+    whose grouped wgmma form is not built (IQ2: a per-chunk fp32 factor). Compute capability 9.0 only. Last among
+    the MoE backends and never a default: a plan picks it only at the token counts where the measured MoE table
+    (benchmarks/moe.py) has it faster."""
+
+    name = "tensor_core_moe_wgmma"
+
+    @classmethod
+    def can_implement(cls, q):
+        ok, why = super().can_implement(q)
+        if not ok:
+            return ok, why
+        for fmt in (q.format, q.moe.w2_format):
+            if fmt not in wgmma.FORMATS:
+                return False, f"its grouped form decodes {', '.join(wgmma.FORMATS)}, not {fmt}"
+        if q.device.capability != wgmma.CAPABILITY:
+            return False, f"wgmma is an sm_90a instruction: needs compute capability 9.0, this is {q.device.arch}"
+        return True, "Hopper grouped GEMMs over expert-sorted slots (weights decoded as the warpgroup MMA's operand)"
+
+    @staticmethod
+    def _token_tile(query, per_expert: int) -> int:
+        return wgmma.grouped_token_tile(per_expert)
+
+    @staticmethod
+    def _occupancy(query, fmt: str, mt: int) -> int:
+        return wgmma.slots(fmt, mt, query.device.sms, measured=query.on_cuda and not query.device.kernels)
+
+    @staticmethod
+    def _fuses(query, slots: int) -> bool:
+        return False  # the grouped wgmma kernel reads the block table (MmaCall::ids is the mma.sync kernel's)
+
+    def _launch_specs(self, tokens: int, config: dict) -> list:
+        """The activation staging both GEMMs share (one after the other on the stream): the table's blocks × the
+        block's slots, over the larger K."""
+        shape = self.query.moe
+        rows = self.table_blocks(self.query, tokens, config) * config["tokens"]
+        nbytes = max(wgmma.staged_bytes(self.query.format, rows, shape.hidden),
+                     wgmma.staged_bytes(shape.w2_format, rows, shape.intermediate))  # fmt: skip
+        return [((nbytes,), torch.uint8)]
+
+    def _launch(self, plan: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
+        (staged,) = scratch
+        wgmma.launch(plan, a, y, slots, ws, staged, stream, table=grouped["table"])

@@ -17,7 +17,7 @@ import torch
 
 import b12x_formats as bf
 
-from ..weights import scale_names, weight_row_factors
+from ..weights import mma_activation_factor, scale_names, weight_row_factors
 from . import gemm
 
 GATE_UP_ROWS = 8  # rows of gate, then of up, per 16-row tile
@@ -74,3 +74,12 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, o
     shard.alpha = 1.0  # carried per row
     shard.n = whole.shape[0] // int(np.prod(shards[0].shape[:-2]))  # the grouped GEMM's N: one expert's rows
     return MmaExperts(shard, torch.from_numpy(np.ascontiguousarray(row_scale, dtype=np.float32)).to(device))
+
+
+def of(weights, order: np.ndarray | None = None) -> MmaExperts:
+    """The expert stack of a prepared MoE weight (weights.DeviceWeights, in its activation mode), `order` as in
+    stack_rows: made once and then shared, so both tensor-core MoE backends of a plan (the mma.sync and the wgmma
+    grouped forms) read one copy."""
+    key = ("mma_experts", None if order is None else tuple(np.asarray(order).tolist()))
+    factor = mma_activation_factor(weights.act_mode, weights.input_scale)
+    return weights.shared(key, lambda: prepare(weights.shards, weights.device, factor, order))

@@ -4,9 +4,10 @@ over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.pl
 accumulators from a second set of partial sums), K split across CTAs with the same deterministic reduction. A call
 stages its activations in the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per
 MmaShard (a fused linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block
-table, token tiles of 32-128) runs a fused MoE's GEMMs and equals the mma.sync grouped form on the GPU; no backend
-uses it yet. Plans with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too),
-correct on the GPU but 0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
+table, token tiles of 32-128: `grouped_token_tile`) runs a fused MoE's GEMMs and equals the mma.sync grouped form on
+the GPU; backend tensor_core_moe_wgmma drives it (chosen only where the measured MoE table has it faster). Plans
+with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too), correct on the GPU but
+0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
 Plans with tiles = WIDE_TILES (`wide_config`) run 256-row CTAs of four warpgroups (FP4 at 64- and 128-token tiles):
 the plans' FP4 form from WIDE_FROM tokens on (default_config).
 """
@@ -19,6 +20,7 @@ from b12x_formats.kernel_facts import SAME_LAYOUT
 from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a per-chunk fp32 factor, folded
 from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
+from b12x_kernels.interface import WGMMA_GROUPED_TOKEN_TILES as GROUPED_TOKEN_TILES  # the grouped form's
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
 from b12x_kernels.interface import WGMMA_WIDE_FORMATS as WIDE_FORMATS  # 256-row CTAs (wide_config)
 from b12x_kernels.interface import WGMMA_WIDE_TILES as WIDE_TILES
@@ -28,9 +30,10 @@ from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "LINEAR_FORMATS", "TOKEN_TILES",
-           "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config", "launch", "run",
-           "slots", "staged_bytes", "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
+__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_TOKEN_TILES", "LINEAR_FORMATS",
+           "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config",
+           "grouped_token_tile", "launch", "run", "slots", "staged_bytes", "token_tile", "token_tiles_of",
+           "wide_config", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
@@ -71,6 +74,13 @@ def token_tiles_of(fmt: str) -> tuple[int, ...]:
 def token_tile(m: int, fmt: str) -> int:
     """The token tile mt (8·mt tokens per CTA) for m tokens of `fmt`: TILE_UPTO's, else the largest."""
     return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), token_tiles_of(fmt)[-1])
+
+
+def grouped_token_tile(per_expert: int) -> int:
+    """The grouped form's token tile for `per_expert` slots an expert: the smallest block (32, 64, 128 slots) that
+    holds them, else the largest. A block is one expert's, so a larger one than its slots only pads; below the
+    largest it leaves the GPU more CTAs. Not measured yet: the MoE table times the backend at these tiles."""
+    return next((mt for mt in GROUPED_TOKEN_TILES if per_expert <= 8 * mt), GROUPED_TOKEN_TILES[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
