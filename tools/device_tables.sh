@@ -8,7 +8,9 @@
 #   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
 # linear groups: "shapes[@ms]" separated by ";" (e.g. "8b;70b@1,16,256,4096"), each given LINEAR_SHARES percent
 # (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases,
-# MOE_BACKENDS its backends (tensor_core_moe+held: the held block rows tensor_core_moe takes where they are faster);
+# MOE_BACKENDS its backends (tensor_core_moe+held: the held block rows tensor_core_moe takes where they are faster;
+# tensor_core_moe_wgmma: the Hopper grouped GEMM, which a plan takes only where this measures it faster), MOE_TS its
+# token counts (moe.py's default: 1-4096);
 # PLAN_FORMATS (comma-separated) measures only those linear formats (their entries merged into the table),
 # PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
 # OUT gets: run.log (everything), times.txt (each test's seconds), clocks.csv (unix s, SM MHz, °C, W once a
@@ -50,7 +52,8 @@ if [ "$moe_shapes" != "-" ]; then
   moe_budget=$(( $(left) * ${MOE_SHARE:-40} / 100 ))
   say "MoE $moe_shapes (budget ${moe_budget} s)"
   timeout $(( moe_budget + 90 )) python3 benchmarks/moe.py --shapes "$moe_shapes" \
-    --backends "${MOE_BACKENDS:-triton_moe,tensor_core_moe,tensor_core_moe+held,auto}" --cases "$cases" --out "$out/moe.json" --png "" --emit-table "$table" \
+    --backends "${MOE_BACKENDS:-triton_moe,tensor_core_moe,tensor_core_moe+held,auto}" ${MOE_TS:+--ts "$MOE_TS"} \
+    --cases "$cases" --out "$out/moe.json" --png "" --emit-table "$table" \
     --budget-s "$moe_budget"
   say "MoE: exit $?"
 fi
