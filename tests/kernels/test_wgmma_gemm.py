@@ -2,13 +2,13 @@
 and the tensor_core_wgmma backend).
 
 On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
-run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; no backend uses it yet) is held to the
+run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; tensor_core_moe_wgmma) is held to the
 mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
 under every token tile (and the warp-specialized form, rt = 2, at its 64-256-token tiles), K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
 to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset); the
-256-row CTAs (tiles 16, FP4; not yet run on a GPU, so no backend picks them) under the same checks.
+256-row CTAs (tiles 16, FP4: the plans' FP4 form from wgmma.WIDE_FROM tokens) under the same checks.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         (
             dict(format=format_id("FP8_BLOCK"), chunks=2, block_scale=16, mt=4),
             dict(order=16, table=16, blocks=1),
-            "grouped form runs formats without a per-chunk fp32 factor",
+            "grouped form runs no FP8_BLOCK",
         ),
         (dict(format=99), {}, "format must be"),
         (dict(mt=3), {}, "mt must be"),
@@ -381,20 +381,22 @@ def _grouped(form, plan, a, y, slots, workspace, table, mt, fmt, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "Q8_0", "IQ2_XS", "IQ2_XXS"])
 def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     """A fused MoE's two GEMMs over a block table (gate/up: the slots' input rows gathered, SiLU of the interleaved
     gate / up rows; down: float32 slot rows per K split) on the prepared expert stacks of the tensor-core MoE
-    backend: the wgmma form with 32-, 64- and 128-token blocks, and its warp-specialized form with 64-, 128- and
-    256-token blocks, equal the mma.sync form (32-token blocks, the largest it has) slot by slot, up to the
-    summation order; split-K tickets left zero."""
+    backend: the wgmma form with 32-, 64- and 128-token blocks (IQ2, whose per-chunk factor takes a second
+    accumulator set: 32 and 64), and its warp-specialized form with 64-, 128- and 256-token blocks (not IQ2), equal
+    the mma.sync form (32-token blocks, the largest it has) slot by slot, up to the summation order; split-K tickets
+    left zero."""
     from test_moe_tiles import alone, problem
 
     from b12x_core.backends.tensor_core_moe import TensorCoreMoE
     from b12x_core.moe_blocks import block_table
     from b12x_core.tensor_core import gemm
 
-    e, h, inter, t, top_k = 8, 512, 128, 45, 2
+    iq2 = fmt.startswith("IQ2")
+    e, h, inter, t, top_k = 8, 512, 256 if iq2 else 128, 45, 2  # IQ2: w2's K whole 256-blocks
     x, w13, w2, _, ids = problem(rng, fmt, "bf16", "silu", e=e, h=h, inter=inter, t=t, top_k=top_k)
     p = bc.prepare_moe(w13, w2, activation="silu", max_tokens=t, top_k=top_k, device="cuda")
     moe = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
@@ -420,7 +422,8 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
 
     for s13, s2 in ((1, 1), (2, 3)):
         act_mma, down_mma = both_gemms("mma", 4, s13, s2)
-        for mt, rt in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2)):  # rt 2: the warp-specialized form
+        forms = ((4, 1), (8, 1)) if iq2 else ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2))  # rt 2: warp-spec.
+        for mt, rt in forms:
             act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma, rt=rt)
             close(act_wg, act_mma)
             close(down_wg, down_mma)

@@ -31,7 +31,8 @@ from test_mma_moe import kernel_reference  # noqa: E402
 from test_moe_tiles import ACTIVATIONS, H200, alone, prepared_on_cuda, problem, quantizer_flips  # noqa: E402
 
 CUDA_H200 = dataclasses.replace(H200, device=torch.device("cuda"))
-CASES = [("NVFP4", "nvfp4"), ("NVFP4", "bf16"), ("MXFP4", "mxfp8"), ("MXFP4", "bf16"), ("Q8_0", "bf16")]
+CASES = [("NVFP4", "nvfp4"), ("NVFP4", "bf16"), ("MXFP4", "mxfp8"), ("MXFP4", "bf16"), ("Q8_0", "bf16"),
+         ("IQ2_XS", "bf16"), ("IQ2_XXS", "bf16")]  # fmt: skip
 LAYERS = [(8, 128, 2048, 768), (4, 128, 2880, 2880), (8, 256, 7168, 2048), (2, 8, 512, 256)]  # top_k, E, H, I
 
 
@@ -45,29 +46,29 @@ def _query(device_info, max_tokens=4096, fmt="MXFP4", act="bf16", top_k=8, exper
 @pytest.mark.parametrize(
     "query,why",
     [
-        (_query(CUDA_H200, fmt="IQ2_XS"), "not IQ2_XS"),
-        (_query(CUDA_H200, w2_format="IQ2_XXS"), "not IQ2_XXS"),
         (_query(dataclasses.replace(CUDA_H200, capability=(12, 0))), "compute capability 9.0"),
         (_query(H200), "CUDA"),  # the op on the CPU
         (_query(CUDA_H200, inter=12), "% 16"),  # what the tensor-core MoE's stacks cannot hold, it cannot either
     ],
-    ids=["IQ2 gate/up", "IQ2 down", "sm_120", "cpu", "rows"],
+    ids=["sm_120", "cpu", "rows"],
 )
 def test_declines_what_its_grouped_form_cannot_run(query, why):
     ok, reason = TensorCoreMoEWgmma.can_implement(query)
     assert not ok and why in reason
 
 
+@pytest.mark.parametrize("fmt,blocks", [("MXFP4", (32, 64, 128)), ("IQ2_XS", (32, 64))])
 @pytest.mark.parametrize("top_k,experts,hidden,inter", LAYERS)
-def test_configurations_take_the_block_that_holds_an_experts_slots(top_k, experts, hidden, inter):
-    """Every token count 1-4096 has a row; each takes the smallest block of the grouped form's (32, 64, 128 slots)
-    that holds the mean slots per touched expert (the largest past it), the table made apart (never the mma.sync
-    kernel's routing in the GEMMs, nor its held rows), K whole where the busy tiles fill the SMs."""
-    query = _query(CUDA_H200, top_k=top_k, experts=experts, hidden=hidden, inter=inter)
+def test_configurations_take_the_block_that_holds_an_experts_slots(fmt, blocks, top_k, experts, hidden, inter):
+    """Every token count 1-4096 has a row; each takes the smallest block the grouped form runs the format at (32,
+    64, 128 slots; IQ2, with its second accumulator set, up to 64) that holds the mean slots per touched expert
+    (the largest past it), the table made apart (never the mma.sync kernel's routing in the GEMMs, nor its held
+    rows), K whole where the busy tiles fill the SMs."""
+    query = _query(CUDA_H200, fmt=fmt, top_k=top_k, experts=experts, hidden=hidden, inter=inter)
+    assert TensorCoreMoEWgmma.can_implement(query)[0]
     rows = TensorCoreMoEWgmma.configs(query, 1, 4096)
     assert rows[0][0] == 1 and rows[-1][1] == 4096
     assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))
-    blocks = sorted(8 * mt for mt in wgmma.GROUPED_TOKEN_TILES)
     for first, last, config in rows:
         assert config["route"] != "gemm" and "held" not in config
         for t in (first, last):
@@ -136,7 +137,7 @@ def test_a_calls_scratch_holds_both_gemms_staging(rng, t):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the quantize pass and combine read what no kernel wrote
-@pytest.mark.parametrize("fmt,act", [("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("Q8_0", "bf16")])
+@pytest.mark.parametrize("fmt,act", [("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("Q8_0", "bf16"), ("IQ2_XS", "bf16")])
 @pytest.mark.parametrize("t", [5, 64, 300])
 def test_a_call_on_the_cpu_reaches_both_launches_past_the_kernels_checks(rng, monkeypatch, fmt, act, t):
     """Without a GPU a call still goes as far as its two launches: the plans and arguments it hands wgmma_gemm
@@ -174,7 +175,8 @@ def test_a_call_on_the_cpu_reaches_both_launches_past_the_kernels_checks(rng, mo
 
 def _gpu_plans(rng, fmt, act_format, activation, order, t):
     """(the wgmma MoE alone, the mma.sync MoE alone, the reference on the weights the kernels multiply, inputs)."""
-    x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=8, h=512, inter=192, t=t, top_k=2)
+    inter = 256 if fmt.startswith("IQ2") else 192  # IQ2: w2's K whole 256-blocks
+    x, w13, w2, weights, ids = problem(rng, fmt, act_format, activation, e=8, h=512, inter=inter, t=t, top_k=2)
     kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=2, act_format=act_format)
     p = prepared_on_cuda(w13, w2, **kw)
     wg = alone(p, w13, w2, backend=TensorCoreMoEWgmma)
@@ -186,11 +188,11 @@ def _gpu_plans(rng, fmt, act_format, activation, order, t):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
 @pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
-@pytest.mark.parametrize("t", [5, 64, 300])  # 32-, 64- and 128-slot blocks (8 experts, top-2)
+@pytest.mark.parametrize("t", [5, 64, 300])  # 32-, 64- and 128-slot blocks (8 experts, top-2; IQ2 up to 64)
 def test_gpu_wgmma_moe_matches_reference(rng, hopper, fmt, act_format, activation, order, t):
     wg, mma, ref, (x, weights, ids) = _gpu_plans(rng, fmt, act_format, activation, order, t)
     row = wg.for_tokens(t)
-    assert row.config["tokens"] == wgmma.grouped_token_tile(-(-t * 2 // min(t * 2, 8))) * 8
+    assert row.config["tokens"] == wgmma.grouped_token_tile(-(-t * 2 // min(t * 2, 8)), fmt) * 8
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
     y = row.run(x, weights, ids)

@@ -168,8 +168,9 @@ PYBIND11_MODULE(_C, m) {
         if (order && p.mt < 4) throw std::invalid_argument("wgmma_gemm: the grouped form runs mt 4, 8 or 16");
         if (order && p.tiles != 8)
           throw std::invalid_argument("wgmma_gemm: the grouped form runs 128-row CTAs (tiles 8)");
-        if (order && (p.format == b12x::FMT_FP8_BLOCK || p.format == b12x::FMT_IQ2_XS || p.format == b12x::FMT_IQ2_XXS))
-          throw std::invalid_argument("wgmma_gemm: the grouped form runs formats without a per-chunk fp32 factor");
+        if (order && p.format == b12x::FMT_FP8_BLOCK)
+          throw std::invalid_argument("wgmma_gemm: the grouped form runs no FP8_BLOCK (a dense weight's 128x128 block "
+                                      "scales); of the per-chunk factor formats, IQ2's");
         b12x::MmaCall call{ptr<const __nv_bfloat16>(x), ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M,
                            ptr<float>(partials), ptr<int>(tickets), ptr<const int>(order), ptr<const int>(table),
                            blocks, nullptr, 0, nullptr, 0};  // routed in the kernel and the combine: mma_gemm's

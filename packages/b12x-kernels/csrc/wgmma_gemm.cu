@@ -106,7 +106,9 @@ template <class F, int MT, bool GROUPED = false, int W = kWarps>
 __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel(const MmaParams p,
                                                                                     const uint8_t* staged) {
 #ifdef B12X_WGMMA_DEVICE
-  static_assert(!(F::ACC && GROUPED), "the grouped form runs formats without a per-chunk fp32 factor");
+  // Grouped, a per-chunk factor must come with each expert's rows (IQ2's d, in the weight stream), not from FP8_BLOCK's
+  // 128x128 block-scale grid (a dense weight's).
+  static_assert(!(F::ACC && GROUPED) || F::E == 64, "the grouped form's per-chunk factors are IQ2's, per row");
   static_assert(W == kWarps || (W == kWideWarps && !F::ACC && !GROUPED), "256-row CTAs: dense, no per-chunk factor");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int TOK = 8 * MT, KB = F::KB, E = F::E, S = stages<F, MT, W>();
@@ -354,8 +356,9 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
   static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
   const bool grouped = p.order != nullptr;
   if (W != kWarps && grouped) return cudaErrorInvalidValue;  // 256-row CTAs are dense (module.cpp refuses it first)
-  if constexpr (MT < 4 || F::ACC) {
-    if (grouped) return cudaErrorInvalidValue;  // 32-128-token tiles of formats without a per-chunk factor only
+  constexpr bool kGroups = MT >= 4 && W == kWarps && (!F::ACC || F::E == 64);  // 32-128-token tiles, no FP8_BLOCK
+  if constexpr (!kGroups) {
+    if (grouped) return cudaErrorInvalidValue;
   }
   const int groups = grouped ? p.blocks * MT : (p.M + 7) / 8;
   const long long pieces = (long long)groups * 8 * p.chunks * (F::KB / 8);
@@ -366,9 +369,7 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
                                             staged, p.M, p.K, p.chunks, groups);
   if (err != cudaSuccess) return err;
   auto kernel = wgmma_gemm_kernel<F, MT, false, W>;
-  if constexpr (F::ACC) {
-    if (grouped) return cudaErrorInvalidValue;  // the grouped form runs formats without a per-chunk fp32 factor
-  } else if constexpr (MT >= 4 && W == kWarps) {
+  if constexpr (kGroups) {
     if (grouped) kernel = wgmma_gemm_kernel<F, MT, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -390,8 +391,9 @@ int blocks_per_sm() {
 }
 
 // The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
-// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory). Experimental: no backend runs
-// them before the GPU has held them to the reference (tests/kernels/test_wgmma_gemm.py).
+// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory); held to the reference on the
+// H200 since 2026-12-03. Grouped (an MoE's experts) only IQ2, at 32- and 64-slot blocks: built 2026-12-05 without
+// device time, its test (tests/kernels/test_wgmma_gemm.py) not yet run on a GPU.
 template <class R, class Fn>
 R with_factor_format(int format, R fallback, Fn&& fn) {
   switch (format) {

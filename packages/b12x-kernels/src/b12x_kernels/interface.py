@@ -41,8 +41,10 @@ WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: deco
 # reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
-# Its grouped form (a fused MoE's GEMMs over the block table: 128-row CTAs, WGMMA_FORMATS) runs these token tiles.
+# Its grouped form (a fused MoE's GEMMs over the block table: 128-row CTAs, WGMMA_FORMATS) runs these token tiles,
+# and of the factor formats these (whose factor comes with each expert's rows) at their token tiles from 4.
 WGMMA_GROUPED_TOKEN_TILES = (4, 8, 16)
+WGMMA_GROUPED_FACTOR_FORMATS = ("IQ2_XS", "IQ2_XXS")
 # wgmma_gemm's 256-row CTAs (MmaPlan::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles
 # (held to the reference on the H200 since 2026-12-04; the plans' FP4 form from wgmma.WIDE_FROM tokens).
 WGMMA_WIDE_TILES = 16

@@ -294,10 +294,10 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
     expert's as the warpgroup MMA's N, the weights decoded in registers as its A operand. Each GEMM stages its
     activations in the MMA's operand order first (wgmma.staged_bytes), so it is two launches.
 
-    It leaves TensorCoreMoE the decode-sized forms (routing and combine inside the GEMMs, held rows) and the formats
-    whose grouped wgmma form is not built (IQ2: a per-chunk fp32 factor). Compute capability 9.0 only. Last among
-    the MoE backends and never a default: a plan picks it only at the token counts where the measured MoE table
-    (benchmarks/moe.py) has it faster."""
+    IQ2, whose per-chunk factor (d) takes a second accumulator set, runs 32- and 64-slot blocks. It leaves
+    TensorCoreMoE the decode-sized forms (routing and combine inside the GEMMs, held rows). Compute capability 9.0
+    only. Last among the MoE backends and never a default: a plan picks it only at the token counts where the
+    measured MoE table (benchmarks/moe.py) has it faster."""
 
     name = "tensor_core_moe_wgmma"
 
@@ -307,15 +307,15 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
         if not ok:
             return ok, why
         for fmt in (q.format, q.moe.w2_format):
-            if fmt not in wgmma.FORMATS:
-                return False, f"its grouped form decodes {', '.join(wgmma.FORMATS)}, not {fmt}"
+            if fmt not in wgmma.GROUPED_FORMATS:
+                return False, f"its grouped form decodes {', '.join(wgmma.GROUPED_FORMATS)}, not {fmt}"
         if q.device.capability != wgmma.CAPABILITY:
             return False, f"wgmma is an sm_90a instruction: needs compute capability 9.0, this is {q.device.arch}"
         return True, "Hopper grouped GEMMs over expert-sorted slots (weights decoded as the warpgroup MMA's operand)"
 
     @staticmethod
     def _token_tile(query, per_expert: int) -> int:
-        return wgmma.grouped_token_tile(per_expert)
+        return min(wgmma.grouped_token_tile(per_expert, fmt) for fmt in (query.format, query.moe.w2_format))
 
     @staticmethod
     def _occupancy(query, fmt: str, mt: int) -> int:

@@ -20,6 +20,7 @@ from b12x_formats.kernel_facts import SAME_LAYOUT
 from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a per-chunk fp32 factor, folded
 from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
 from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
+from b12x_kernels.interface import WGMMA_GROUPED_FACTOR_FORMATS as GROUPED_FACTOR_FORMATS  # IQ2, grouped too
 from b12x_kernels.interface import WGMMA_GROUPED_TOKEN_TILES as GROUPED_TOKEN_TILES  # the grouped form's
 from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
 from b12x_kernels.interface import WGMMA_WIDE_FORMATS as WIDE_FORMATS  # 256-row CTAs (wide_config)
@@ -30,14 +31,15 @@ from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
-__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_TOKEN_TILES", "LINEAR_FORMATS",
-           "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES", "default_config",
-           "grouped_token_tile", "launch", "run", "slots", "staged_bytes", "token_tile", "token_tiles_of",
-           "wide_config", "ws_config"]  # fmt: skip
+__all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_FORMATS", "GROUPED_TOKEN_TILES",
+           "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES",
+           "default_config", "grouped_token_tile", "grouped_token_tiles", "launch", "run", "slots", "staged_bytes",
+           "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
 LINEAR_FORMATS = FORMATS + FACTOR_FORMATS + tuple(a for a, same in SAME_LAYOUT.items() if same in FORMATS)
+GROUPED_FORMATS = FORMATS + GROUPED_FACTOR_FORMATS  # the grouped form's (an MoE's expert stacks)
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
@@ -76,11 +78,17 @@ def token_tile(m: int, fmt: str) -> int:
     return next((mt for upto, mt in TILE_UPTO.get(fmt, TILE_UPTO_FP4) if m <= upto), token_tiles_of(fmt)[-1])
 
 
-def grouped_token_tile(per_expert: int) -> int:
-    """The grouped form's token tile for `per_expert` slots an expert: the smallest block (32, 64, 128 slots) that
-    holds them, else the largest. A block is one expert's, so a larger one than its slots only pads; below the
-    largest it leaves the GPU more CTAs. Not measured yet: the MoE table times the backend at these tiles."""
-    return next((mt for mt in GROUPED_TOKEN_TILES if per_expert <= 8 * mt), GROUPED_TOKEN_TILES[-1])
+def grouped_token_tiles(fmt: str) -> tuple[int, ...]:
+    """The token tiles the grouped form runs `fmt` at (the factor formats' up to 64 slots a block)."""
+    return tuple(mt for mt in GROUPED_TOKEN_TILES if mt in token_tiles_of(fmt))
+
+
+def grouped_token_tile(per_expert: int, fmt: str) -> int:
+    """The grouped form's token tile for `per_expert` slots an expert of `fmt`: the smallest block (32, 64, 128
+    slots) that holds them, else the largest it runs. A block is one expert's, so a larger one than its slots only
+    pads; below the largest it leaves the GPU more CTAs. Not measured yet: the MoE table times the backend."""
+    tiles = grouped_token_tiles(fmt)
+    return next((mt for mt in tiles if per_expert <= 8 * mt), tiles[-1])
 
 
 def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
