@@ -31,6 +31,7 @@ from test_tiles import make_weight  # noqa: E402
 
 from b12x_core import backends, workspace  # noqa: E402
 from b12x_core.backends import DeviceInfo, MoEShape, Query  # noqa: E402
+from b12x_core.backends.tensor_core_moe import TensorCoreMoE  # noqa: E402
 from b12x_core.moe import MOE_FORMATS  # noqa: E402
 from b12x_core.recipe import activation_mode  # noqa: E402
 from b12x_core.tensor_core import layout as mma_layout  # noqa: E402
@@ -123,8 +124,8 @@ def test_every_moe_backend_on_every_format(rng, cls, fmt):
     _skip_unless_here(dispatched.plan.query, cls)
     gpu = moe_alone(dispatched, w13, w2, backend=cls)
     cpu = bc.prepare_moe(w13, w2, **kw)
-    # the reference on the weights the kernels multiply (the tensor-core MoE decodes IQ2 its own way)
-    ref = kernel_reference(cpu, gpu.rows[0].backend) if cls.name == "tensor_core_moe" else bf16_weights(cpu)
+    # the reference on the weights the kernels multiply (both tensor-core MoE forms decode IQ2 their own way)
+    ref = kernel_reference(cpu, gpu.rows[0].backend) if issubclass(cls, TensorCoreMoE) else bf16_weights(cpu)
     for t in MOE_TS:
         args = (x[:t], weights[:t], ids[:t])
         workspace.poison(torch.device("cuda"))

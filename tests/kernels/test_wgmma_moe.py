@@ -137,7 +137,9 @@ def test_a_calls_scratch_holds_both_gemms_staging(rng, t):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the quantize pass and combine read what no kernel wrote
-@pytest.mark.parametrize("fmt,act", [("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("Q8_0", "bf16"), ("IQ2_XS", "bf16")])
+@pytest.mark.parametrize(
+    "fmt,act", [("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("W4A16_NVFP4", "bf16"), ("Q8_0", "bf16"), ("IQ2_XS", "bf16")]
+)
 @pytest.mark.parametrize("t", [5, 64, 300])
 def test_a_call_on_the_cpu_reaches_both_launches_past_the_kernels_checks(rng, monkeypatch, fmt, act, t):
     """Without a GPU a call still goes as far as its two launches: the plans and arguments it hands wgmma_gemm

@@ -39,7 +39,8 @@ __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GRO
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
 LINEAR_FORMATS = FORMATS + FACTOR_FORMATS + tuple(a for a, same in SAME_LAYOUT.items() if same in FORMATS)
-GROUPED_FORMATS = FORMATS + GROUPED_FACTOR_FORMATS  # the grouped form's (an MoE's expert stacks)
+_GROUPED = FORMATS + GROUPED_FACTOR_FORMATS
+GROUPED_FORMATS = _GROUPED + tuple(a for a, same in SAME_LAYOUT.items() if same in _GROUPED)  # an MoE's expert stacks
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
