@@ -392,7 +392,7 @@ int blocks_per_sm() {
 
 // The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
 // tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory); held to the reference on the
-// H200 since 2026-12-03. Grouped (an MoE's experts) only IQ2, at 32- and 64-slot blocks: built 2026-12-05 without
+// H200 since 2026-12-03. Grouped (an MoE's experts) only IQ2, at 32- and 64-slot blocks: built 2026-12-04 without
 // device time, its test (tests/kernels/test_wgmma_gemm.py) not yet run on a GPU.
 template <class R, class Fn>
 R with_factor_format(int format, R fallback, Fn&& fn) {
