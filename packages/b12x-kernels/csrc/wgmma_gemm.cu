@@ -100,6 +100,27 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
   });
 }
 
+// B12X_OUTLINED_EPILOGUE (an experiment's build switch, defined in no shipped build): the epilogue as a function of
+// its own. Inlined, store_tile (every epilogue and the split-K reduction, unrolled over the accumulators) is most of
+// the kernel's code (210 of 228 KB at 128-token tiles), and ptxas places the mbarrier waits' retry blocks after it,
+// so a wait whose first try fails jumps 210 KB and back: two instruction-cache misses, the largest stall at
+// 128-token tiles (docs/performance.md, 2026-12-04). Outlined, the retry blocks follow the main loop (SASS, sm_90a,
+// NVFP4: 12 KB past the main loop's wait instead of 210 KB). The accumulators reach it as a copy (a struct by value),
+// so the main loop's stay in registers: 128-token tiles only (1 CTA an SM: ptxas 197 registers against 167, no
+// spills); at 64-token tiles the call spills under the 128-register cap. To time it against the shipped kernel:
+// tools/kernel_ab.sh with the new tree's csrc given `#define B12X_OUTLINED_EPILOGUE` at wgmma_gemm.cu's top.
+#ifdef B12X_OUTLINED_EPILOGUE
+template <int MT>
+struct Accumulators {
+  float v[1][MT][4];
+};
+template <int MT>
+__device__ __noinline__ void store_tile_outlined(const MmaParams& p, Accumulators<MT> acc, int tile_base, int expert,
+                                                 int split, int mtile, int nblk, const int* dst_row) {
+  store_tile<1, MT>(p, acc.v, tile_base, expert, split, mtile, nblk, dst_row);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------- GEMM
 // grid (token tiles, or table blocks when GROUPED, K splits, blocks of 16·W rows), as mma_gemm's; W warps.
 template <class F, int MT, bool GROUPED = false, int W = kWarps>
@@ -346,7 +367,18 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   }
   grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
+#ifdef B12X_OUTLINED_EPILOGUE
+  if constexpr (MT == 16 && W == kWarps) {  // one CTA an SM; smaller tiles' two would spill under the call
+    Accumulators<MT> out;
+#pragma unroll
+    for (int i = 0; i < TOK / 2; ++i) reinterpret_cast<float*>(out.v)[i] = d[i];
+    store_tile_outlined<MT>(p, out, tile_base, expert, split, mtile, nblk, dst_row);
+  } else {
+    store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
+  }
+#else
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
+#endif
 #endif  // B12X_WGMMA_DEVICE
 }
 
