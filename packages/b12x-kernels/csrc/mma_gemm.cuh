@@ -41,7 +41,16 @@ constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 row
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
 // busy SMs'; 112-row CTAs (256) give nearly every SM two (gemm.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
-constexpr int kReplicas = 16;  // IQ2 tables: copies spread over banks (at most 2 lanes share a bank)
+// IQ2 tables: copies spread over banks (16: at most 2 lanes share a bank). B12X_IQ2_REPLICAS (an experiment's build
+// switch, defined in no shipped build) sets another power of two: 8 halves IQ2_XS's 40 KB of tables, which would let
+// its grouped (MoE) CTAs fit SM12x's 99 KB a block; a device A/B (tools/kernel_ab.sh) says what the conflicts cost.
+#ifndef B12X_IQ2_REPLICAS
+#define B12X_IQ2_REPLICAS 16
+#endif
+constexpr int kReplicas = B12X_IQ2_REPLICAS;
+constexpr int kReplicaShift =  // log2 of a word's replicas in bytes
+    kReplicas == 4 ? 4 : kReplicas == 8 ? 5 : kReplicas == 16 ? 6 : kReplicas == 32 ? 7 : -1;
+static_assert(kReplicaShift > 0, "IQ2 table replicas: 4, 8, 16 or 32 (a word index's byte offset is a shift)");
 
 // The kernel's parameters: the host's arguments plus what it derives from them once.
 struct MmaParams : MmaPlan, MmaCall {
@@ -348,8 +357,8 @@ struct FmtIQ2 {
   }
   __device__ static float acc_scale(const uint8_t* m) { return __half2float(*reinterpret_cast<const __half*>(m)); }
   // A group's grid and sign words, addressed from this lane's replica: word i of a table sits i·kReplicas words in
-  // (byte offset i << 6), and the sign table GRID·kReplicas words further (an immediate of the load). A field at the
-  // word's top needs no mask.
+  // (byte offset i << kReplicaShift: 6 at 16 replicas), and the sign table GRID·kReplicas words further (an
+  // immediate of the load). A field at the word's top needs no mask.
   // Group G's grid index and sign index from the lane's 16 code bytes.
   template <int G>
   __device__ static void group_indices(const uint4& q, uint32_t& grid_idx, uint32_t& sign_idx) {
@@ -370,12 +379,12 @@ struct FmtIQ2 {
   }
   template <int G>
   __device__ static void decode8(const uint4& q, const S& s, const uint32_t* tab, int lane, uint32_t (&a)[4]) {
-    static_assert(kReplicas * 4 == 64, "an index's byte offset is index << 6");
     uint32_t grid_idx, sign_idx;
     group_indices<G>(q, grid_idx, sign_idx);
     const uint32_t lane_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % kReplicas);
     const uint32_t sel =
-        ld_shared(lane_tab + (grid_idx << 6)) | ld_shared_at<GRID * kReplicas * 4>(lane_tab + (sign_idx << 6));
+        ld_shared(lane_tab + (grid_idx << kReplicaShift)) |
+        ld_shared_at<GRID * kReplicas * 4>(lane_tab + (sign_idx << kReplicaShift));
     iq2_values(sel, iq2_scaled(s.mul[XS ? G >> 1 : G >> 2]), a);
   }
 };
