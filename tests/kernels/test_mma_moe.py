@@ -452,6 +452,35 @@ def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, f
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("holds", [False, True], ids=["staged", "held"])
+@pytest.mark.parametrize("t", [1, 3, 64])  # fused routing and combine (2, 6 slots), the table and the combine apart
+def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, monkeypatch, holds, t):
+    """IQ2_XS's MoE planned for an SM12x GPU's 99 KB a block (tensor_core_moe.SHORT_CTAS on): both GEMMs in 112-row
+    CTAs at 8-slot blocks, run on this GPU as SM12x's proxy: against the reference on the weights the kernels
+    multiply, deterministic, and within the tolerance of the 128-row CTAs' result (the K splits may differ)."""
+    from b12x_core.backends import tensor_core_moe
+
+    x, w13, w2, weights, ids = problem(rng, "IQ2_XS", "bf16", "silu", e=8, h=512, inter=256, t=t, top_k=2)
+    kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format="bf16")
+    p = prepared_on_cuda(w13, w2, **kw)
+    monkeypatch.setattr(tensor_core_moe, "SHORT_CTAS", True)
+    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", holds)
+    sm12x = dataclasses.replace(p.plan.query.device, smem_kb=99)
+    short = alone(p, w13, w2, device_info=sm12x, backend=TensorCoreMoE)
+    full = alone(p, w13, w2, backend=TensorCoreMoE)
+    row = short.for_tokens(t)
+    assert row.config["rows"] < 128 and "rows" not in full.for_tokens(t).config
+    ref = kernel_reference(bc.prepare_moe(w13, w2, **kw), full.rows[0].backend)
+    x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
+    workspace.poison(torch.device("cuda"))
+    y = row.run(x, weights, ids)
+    close(y.cpu(), ref(x.cpu(), weights.cpu(), ids.cpu()),
+          slack=quantizer_flips(x.cpu(), weights.cpu(), ids.cpu(), ref))  # fmt: skip
+    assert torch.equal(row.run(x, weights, ids), y)  # deterministic, tickets left at zero
+    close(y, full.for_tokens(t).run(x, weights, ids))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 40])  # split-K gate/up (tickets) and whole-K 16-slot blocks
 def test_gpu_tensor_core_moe_replays_in_cuda_graphs_with_new_routing(rng, t):
     gpu, _, (x, weights, ids) = _gpu_plan(rng, "IQ2_XS", "bf16", "silu", "up_gate", t)

@@ -16,6 +16,9 @@ per GEMM over every touched expert.
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
+- Short CTAs (SHORT_CTAS, off until run on a GPU): where a format's 128-row CTA does not fit the device's shared
+  memory a block (SM12x: IQ2_XS), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows").
+
 TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
 
 Configuration per token count: the token tile from the mean slots per expert; each GEMM's K whole unless its
@@ -56,6 +59,11 @@ FUSED_MAX_SLOTS = 32
 # True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
 # FUSED_MAX_SLOTS.
 FUSES: bool | None = None
+# Grouped CTAs of 7 or 6 row tiles (112 / 96 rows: the kernel's short forms, one-token tiles) where no 128-row CTA of
+# a GEMM's format fits the device's shared memory a block: SM12x's 99 KB and IQ2_XS's 40 KB of tables, whose MoE
+# then runs 8-slot blocks here instead of the Triton MoE. Off until a GPU has held those kernels to the reference: the
+# H200 can, planning as an SM12x (tests/kernels/test_mma_moe.py, built 2026-12-04 without device time).
+SHORT_CTAS = False
 
 
 def _rows13(shape) -> int:
@@ -82,8 +90,9 @@ class TensorCoreMoE(Backend):
         if shape.hidden % 8 or shape.intermediate % 8:
             return False, "stages activations in 16-byte pieces: needs H % 8 == 0 and I % 8 == 0"
         why = cuda_reason(q, triton=True)
-        for fmt in (q.format, shape.w2_format):  # SM12x's 99 KB: IQ2_XS does not fit a grouped CTA
-            why = why or geometry.smem_reason(q, fmt, geometry.FULL_HEIGHT)  # grouped CTAs are 128 rows
+        shortest = min(geometry.CTA_HEIGHTS) if SHORT_CTAS else geometry.FULL_HEIGHT
+        for fmt in (q.format, shape.w2_format):  # SM12x's 99 KB: IQ2_XS's 128-row grouped CTA does not fit
+            why = why or geometry.smem_reason(q, fmt, shortest)
         if why:
             return False, why
         return True, "tensor-core grouped GEMMs over expert-sorted slots (weights decoded into bf16 MMA fragments)"
@@ -107,20 +116,33 @@ class TensorCoreMoE(Backend):
         slots = tokens * shape.top_k
         touched = min(slots, shape.experts)
         per_expert = -(-slots // touched)
-        mt = cls._token_tile(query, per_expert)
+        height = cls._height(query)
+        mt = cls._token_tile(query, per_expert) if height == geometry.FULL_HEIGHT else 1  # short CTAs: 8-slot blocks
+        rows = geometry.TILE_ROWS * height
         busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
         splits = []
         for fmt, n, k in ((query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
                                                                              shape.intermediate)):  # fmt: skip
-            tiles = geometry.output_tiles(busy_blocks, n)
+            tiles = geometry.output_tiles(busy_blocks, n, rows)
             chunks = -(-k // geometry.chunk_k(fmt))
             few = tiles < query.device.sms * SPLIT_BELOW_SMS
             splits.append(gemm.even_split(tiles, chunks, cls._occupancy(query, fmt, mt)) if few else 1)
         route = "gemm" if cls._fuses(query, slots) else table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
+        if height != geometry.FULL_HEIGHT:
+            config["rows"] = rows
         if mt == 1 and cls._holds(query, tokens):
-            config.update(cls._held(query, slots, splits))
+            config.update(cls._held(query, slots, splits, height))
         return config
+
+    @staticmethod
+    def _height(query) -> int:
+        """Row tiles a CTA of both GEMMs: 8 (128 rows) where that fits the device's shared memory a block at
+        one-token tiles, else (SHORT_CTAS) the tallest short form that does; can_implement refuses the rest."""
+        limit = geometry.smem_limit(query)
+        fmts = (query.format, query.moe.w2_format)
+        heights = [h for h in geometry.CTA_HEIGHTS if all(geometry.fits(f, 1, h, limit) for f in fmts)]
+        return heights[0] if heights and (SHORT_CTAS or heights[0] == geometry.FULL_HEIGHT) else geometry.FULL_HEIGHT
 
     @staticmethod
     def _token_tile(query, per_expert: int) -> int:
@@ -158,7 +180,7 @@ class TensorCoreMoE(Backend):
         return held is not None and staged is not None and held < staged
 
     @staticmethod
-    def _held(query, slots: int, splits: list[int]) -> dict:
+    def _held(query, slots: int, splits: list[int], height: int) -> dict:
         """Per GEMM (gate/up, down): whether its 8-slot blocks hold their rows over the split's K (the dense rule's
         bytes, gemm.RESIDENT_MAX_BYTES), and the activation mode the kernel then quantizes them to ("none": bf16,
         or the operand pass where the format has no in-kernel form for it)."""
@@ -170,7 +192,7 @@ class TensorCoreMoE(Backend):
             chunks = -(-k // geometry.chunk_k(fmt))
             per_split = -(-chunks // splits_k)
             holds = gemm.held_rows_fit(fmt, slots, chunks, splits_k) and geometry.fits(
-                fmt, 1, geometry.FULL_HEIGHT, limit, min(slots, 8), per_split
+                fmt, 1, height, limit, min(slots, 8), per_split
             )
             held.append(holds)
             modes.append(mode if holds and gemm.quantizes(fmt, mode) else "none")
@@ -187,13 +209,18 @@ class TensorCoreMoE(Backend):
 
     @classmethod
     def tickets(cls, query, rows) -> int:
-        """Tickets the largest call of these plan rows takes: gate/up split K one per (table block, 128-row tile) of
-        a split call; the fused combine one per 128-row tile of the down GEMM (the GEMMs run one after the other,
+        """Tickets the largest call of these plan rows takes: gate/up split K one per (table block, CTA's rows) of
+        a split call; the fused combine one per CTA's rows of the down GEMM (the GEMMs run one after the other,
         each leaving its tickets zero)."""
-        combine = geometry.output_tiles(1, query.moe.hidden)
-        return max([1] + [geometry.output_tiles(cls.table_blocks(query, last, config), _rows13(query.moe))
-                          for _, last, config in rows if config["splits"][0] > 1]
-                   + [combine for _, _, config in rows if config["route"] == "gemm"])  # fmt: skip
+
+        def tiles(blocks: int, n: int, config: dict) -> int:
+            return geometry.output_tiles(blocks, n, config.get("rows", geometry.ROWS_PER_CTA))
+
+        split = [
+            tiles(cls.table_blocks(query, last, c), _rows13(query.moe), c) for _, last, c in rows if c["splits"][0] > 1
+        ]
+        combine = [tiles(1, query.moe.hidden, c) for _, _, c in rows if c["route"] == "gemm"]
+        return max([1, *split, *combine])
 
     def reserve(self, rows):
         self.tickets_needed = self.tickets(self.query, rows)
@@ -238,9 +265,11 @@ class TensorCoreMoE(Backend):
         held13, held2 = config.get("held", (False, False))
         xq13, xq2 = config.get("x_quant", ("none", "none"))
         s_in13, s_in2 = self.input_scales
-        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13, resident=held13), shape.intermediate, shape.activation,
-                                  self.w13.row_scale, top_k, xq13, operands.in_kernel_scale(xq13, s_in13))  # fmt: skip
-        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2, resident=held2), 0, "f32", self.w2.row_scale,
+        tiles = config.get("rows", geometry.ROWS_PER_CTA) // geometry.TILE_ROWS
+        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13, tiles=tiles, resident=held13), shape.intermediate,
+                                  shape.activation, self.w13.row_scale, top_k, xq13,
+                                  operands.in_kernel_scale(xq13, s_in13))  # fmt: skip
+        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2, tiles=tiles, resident=held2), 0, "f32", self.w2.row_scale,
                                 x_quant=xq2, x_quant_scale=operands.in_kernel_scale(xq2, s_in2))  # fmt: skip
         return w13, w2
 
