@@ -101,18 +101,19 @@ def test_a_plan_runs_it_only_where_a_measured_table_has_it_faster():
     assert [d.backend.name for d in never] == ["tensor_core_moe"]
 
 
-def _cpu_moe(rng, fmt="MXFP4", act="bf16", t=40):
-    x, w13, w2, weights, ids = problem(rng, fmt, act, "silu", e=8, h=512, inter=192, t=t, top_k=2)
+def _cpu_moe(rng, fmt="MXFP4", act="bf16", t=40, inter=192):
+    """(a CPU-prepared MoE, its weights as the backends take them, (x, router weights, ids) of t tokens)."""
+    x, w13, w2, weights, ids = problem(rng, fmt, act, "silu", e=8, h=512, inter=inter, t=t, top_k=2)
     p = bc.prepare_moe(w13, w2, activation="silu", max_tokens=t, top_k=2, act_format=act)
     device_weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
                       DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
-    return p, device_weights
+    return p, device_weights, (x, weights, ids)
 
 
 def test_both_tensor_core_moe_forms_read_one_expert_stack(rng):
     """Prepared over the same weights, the mma.sync and the wgmma MoE hold the same expert stacks: a plan with both
     holds the experts' bytes once."""
-    p, weights = _cpu_moe(rng)
+    p, weights, _ = _cpu_moe(rng)
     mma = plan.build(p.plan.query, weights, only=TensorCoreMoE, warm=False)
     wg = plan.build(p.plan.query, weights, only=TensorCoreMoEWgmma, warm=False)
     a, b = mma.rows[0].backend, wg.rows[0].backend
@@ -124,7 +125,7 @@ def test_both_tensor_core_moe_forms_read_one_expert_stack(rng):
 def test_a_calls_scratch_holds_both_gemms_staging(rng, t):
     """Over the mma.sync MoE's scratch for the same configuration, a call takes the staging of the larger GEMM:
     every table block's slots × its K, in the MMA's operand order."""
-    p, weights = _cpu_moe(rng, t=t)
+    p, weights, _ = _cpu_moe(rng, t=t)
     wg = plan.build(p.plan.query, weights, only=TensorCoreMoEWgmma, warm=False)
     mma = plan.build(p.plan.query, weights, only=TensorCoreMoE, warm=False)
     row = wg.for_tokens(t)
@@ -163,12 +164,9 @@ def test_a_call_on_the_cpu_reaches_both_launches_past_the_kernels_checks(rng, mo
 
     monkeypatch.setattr(b12x_kernels, "wgmma_gemm", launch_past_the_checks)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: types.SimpleNamespace(cuda_stream=0))
-    x, w13, w2, weights, ids = problem(rng, fmt, act, "silu", e=8, h=512, inter=256, t=t, top_k=2)
-    p = bc.prepare_moe(w13, w2, activation="silu", max_tokens=t, top_k=2, act_format=act)
-    device_weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
-                      DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
+    p, device_weights, inputs = _cpu_moe(rng, fmt, act, t, inter=256)  # IQ2: w2's K whole 256-blocks
     wg = plan.build(p.plan.query, device_weights, only=TensorCoreMoEWgmma, warm=False)
-    wg.for_tokens(t).run(x, weights, ids)
+    wg.for_tokens(t).run(*inputs)
     assert len(launches) == 2 and launches[0] == launches[1] >= 1  # gate/up, then down, over the same table
 
 
