@@ -113,6 +113,29 @@ def _layer_rows(rng, ms, formats):
     return rows
 
 
+def test_standing_reads_moe_runs_too(tmp_path, rng):
+    """benchmarks/standing.py given a moe.py run: a table per MoE layer shape after the linear ones, columns by T,
+    each cell the dispatched MoE's ("auto") speed-up over the bf16 grouped MoE; the backends timed alone give none."""
+    linear = _layer_rows(rng, [1], ["FP8"])
+    moe = [
+        dict(
+            shape="qwen3", format="MXFP4", act="mxfp8", backend=name, t=t, us=us, bf16_ref_us=100.0, speedup=100.0 / us
+        )  # fmt: skip
+        for t in (1, 64)
+        for name, us in (("auto", float(rng.uniform(20, 90))), ("triton_moe", 500.0))
+    ]
+    for name, rows in (("linear.json", linear), ("moe.json", moe)):
+        (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name}))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/standing.py"), "linear.json", "moe.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    linear_at, moe_at = done.stdout.index("**8b**"), done.stdout.index("**qwen3 MoE**")
+    assert linear_at < moe_at and "| format × activations | T=1 | T=64 |" in done.stdout[moe_at:]
+    row = next(line for line in done.stdout[moe_at:].splitlines() if line.startswith("| MXFP4 × mxfp8"))
+    speedups = [r["speedup"] for r in moe if r["backend"] == "auto"]
+    assert row.split(" | ")[1:] == [f"{speedups[0]:.2f}<sup>b</sup>", f"{speedups[1]:.2f}<sup>b</sup> |"]
+
+
 def test_standing_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, rng):
     """benchmarks/standing.py: a cell measured by two runs shows the later one's speed-up and letter; a cell only the
     earlier run measured keeps it; a layer with a linear missing gives no cell."""
