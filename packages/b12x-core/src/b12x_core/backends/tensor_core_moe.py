@@ -140,8 +140,8 @@ class TensorCoreMoE(Backend):
         """Row tiles a CTA of both GEMMs: 8 (128 rows) where that fits the device's shared memory a block at
         one-token tiles, else (SHORT_CTAS) the tallest short form that does; can_implement refuses the rest."""
         limit = geometry.smem_limit(query)
-        fmts = (query.format, query.moe.w2_format)
-        heights = [h for h in geometry.CTA_HEIGHTS if all(geometry.fits(f, 1, h, limit) for f in fmts)]
+        down = geometry.fitting_heights(query.moe.w2_format, limit)
+        heights = [h for h in geometry.fitting_heights(query.format, limit) if h in down]
         return heights[0] if heights and (SHORT_CTAS or heights[0] == geometry.FULL_HEIGHT) else geometry.FULL_HEIGHT
 
     @staticmethod
@@ -348,7 +348,7 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
 
     @staticmethod
     def _occupancy(query, fmt: str, mt: int) -> int:
-        return wgmma.slots(fmt, mt, query.device.sms, measured=query.on_cuda and not query.device.kernels)
+        return wgmma.slots(fmt, mt, query.device.sms, measured=geometry.kernels_run(query))
 
     @staticmethod
     def _fuses(query, slots: int) -> bool:

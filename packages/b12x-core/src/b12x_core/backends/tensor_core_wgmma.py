@@ -43,7 +43,7 @@ class TensorCoreWgmma(Backend):
     def configs(cls, query, lo, hi, layout=None):
         q = query
         chunks = -(-q.k // geometry.chunk_k(q.format))
-        measured = q.on_cuda and not q.device.kernels
+        measured = geometry.kernels_run(q)
         slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)}
 
         def config_of(m: int) -> dict:

@@ -17,8 +17,8 @@ CTA_HEIGHTS = (FULL_HEIGHT, 7, 6)  # or 7 / 6 at one-token tiles of one row tile
 
 __all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "QUAD", "ROWS_PER_CTA",
            "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile",
-           "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets", "token_tile",
-           "token_tiles"]  # fmt: skip
+           "kernels_run", "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
+           "token_tile", "token_tiles"]  # fmt: skip
 
 
 def token_tile(m: int) -> int:
@@ -45,11 +45,17 @@ def split_tickets(n: int, rows) -> int:
                       for _, last, config in rows if config["splits"] > 1])  # fmt: skip
 
 
+def kernels_run(query) -> bool:
+    """Whether the query's device is a CUDA device whose kernels are built: their own counts (occupancy, shared memory
+    a block) then hold for its plans."""
+    return query.on_cuda and not query.device.kernels
+
+
 def occupancy_slots(query, fmt: str, mt: int) -> int:
     """CTAs of the tensor-core GEMM (format, token tile of 8·mt) that run at once on the query's device: SMs ×
     CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess."""
     blocks = CONSERVATIVE_BLOCKS_PER_SM
-    if query.on_cuda and not query.device.kernels:
+    if kernels_run(query):
         import b12x_kernels
         from b12x_formats.kernel_facts import format_id
 
@@ -60,7 +66,7 @@ def occupancy_slots(query, fmt: str, mt: int) -> int:
 def smem_limit(query) -> int:
     """Bytes of shared memory one CTA may take on the query's CUDA device (its opt-in limit per block: 227 KB on
     SM90, 99 KB on SM12x); 0 where no CUDA kernel runs (nothing to keep within)."""
-    return query.device.smem_kb * 1024 if query.on_cuda and not query.device.kernels else 0
+    return query.device.smem_kb * 1024 if kernels_run(query) else 0
 
 
 def smem_bytes(fmt: str, mt: int, tiles: int = FULL_HEIGHT, resident_rows: int = 0,
