@@ -1,6 +1,7 @@
 // Q8_0 embedding gather: one thread block per id, each thread decodes pairs of weights of the row.
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.cuh"
 
 namespace b12x {
 namespace {
@@ -34,11 +35,13 @@ cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64
                            int V, int H, cudaStream_t stream) {
   if (T == 0) return cudaSuccess;
   const int threads = H / 2 < 256 ? ((H / 2 + 31) / 32) * 32 : 256;
+  // launch_kernel returns this launch's own status: a `return cudaGetLastError()` would also report an error some
+  // earlier runtime call left behind (a plan's occupancy question on SM12x, say) as this launch's
   if (ids_int64)
-    embedding_kernel<<<T, threads, 0, stream>>>(table, static_cast<const long long*>(ids), out, V, H);
-  else
-    embedding_kernel<<<T, threads, 0, stream>>>(table, static_cast<const int*>(ids), out, V, H);
-  return cudaGetLastError();
+    return launch_kernel(false, embedding_kernel<long long>, dim3(T), dim3(threads), 0, stream, table,
+                         static_cast<const long long*>(ids), out, V, H);
+  return launch_kernel(false, embedding_kernel<int>, dim3(T), dim3(threads), 0, stream, table,
+                       static_cast<const int*>(ids), out, V, H);
 }
 
 }  // namespace b12x

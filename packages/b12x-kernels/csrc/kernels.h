@@ -48,7 +48,8 @@ struct MmaCall {
   __nv_bfloat16* y;           // y[m * ldy + n]
   int M;                      // output rows (tokens, or token slots when grouped)
   float* partials;            // fp32 [splits, M, N]
-  int* tickets;               // int [ceil(N/128) * token tiles], zero at rest (the kernel leaves it zero)
+  int* tickets;               // int [ceil(N / rows) * token tiles] (rows: a CTA's, 16·tiles), zero at rest (the
+                              // kernel leaves it zero)
   // Grouped (fused MoE) when `order` is set: the weight stacks experts (expert e owns rows [e·N, (e+1)·N),
   // N % 16 == 0) and token tile b is block b of an expert-sorted block table (every token slot sorted by its
   // expert, cut into blocks of at most 8·mt slots of one expert). `table` is int [3, blocks]: row 0 the
@@ -66,12 +67,13 @@ struct MmaCall {
   int experts;
   // The fused MoE's combine in the down GEMM (mma_gemm, grouped, MMA_OUT_F32) when set: y bf16 [M / combine_k, N]
   // (contiguous) = Σ_j combine_w[t·combine_k + j] · Σ_s partials[s, t·combine_k + j, :], j and s in order, written
-  // by the last CTA of each 128-row output tile (a ticket each: tickets needs ceil(N / 128)).
+  // by the last CTA of each output tile of a CTA's rows (16·tiles; a ticket each: tickets needs ceil(N / rows)).
   const float* combine_w;
   int combine_k;
 };
 
-// CTAs of the kernel that fit one SM of the current device (0 on error): the plan sizes K splits by it.
+// CTAs of the kernel that fit one SM of the current device (0 where it cannot run there; the runtime's error is
+// cleared): the plan sizes K splits by it.
 int mma_blocks_per_sm(int format, int mt, int rt, int tiles);
 // Shared memory a CTA of a resident-activation plan takes for M rows (MmaPlan::resident; at most 227 KB can run).
 int mma_resident_smem_bytes(const MmaPlan& plan, int M);

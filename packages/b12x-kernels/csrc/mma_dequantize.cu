@@ -131,8 +131,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_dequantize_kernel(const MmaPl
 template <class F>
 cudaError_t launch(const MmaPlan& p, __nv_bfloat16* out, cudaStream_t stream) {
   const dim3 grid((p.N + 16 * (kWarps / 2) - 1) / (16 * (kWarps / 2)), p.chunks);
-  mma_dequantize_kernel<F><<<grid, 32 * kWarps, 0, stream>>>(p, out);
-  return cudaGetLastError();
+  return launch_kernel(false, mma_dequantize_kernel<F>, grid, dim3(32 * kWarps), 0, stream, p, out);  // its own status
 }
 }  // namespace
 

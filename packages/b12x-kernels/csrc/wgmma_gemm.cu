@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
 #pragma unroll
     for (int s = 0; s < S - 2; ++s) issue_part(c_begin + s, true, false);
   }
-  // IQ2's tables (dense only), after the first weights went out; begin_chunk's barrier publishes them.
+  // IQ2's tables (dense and grouped), after a dense tile's first weights went out; begin_chunk's barrier publishes
+  // them.
   if constexpr (table_words<F>() > 0) fill_tables<F, 32 * W>(tab, p.tables);
   grid_dependency_wait();
   const int expert = tile_rows<TOK>(p, mtile, src_row, dst_row);  // its barrier publishes the initialised mbarriers
@@ -412,13 +413,14 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
 }
 
 template <class F, int MT>
-int blocks_per_sm() {
+int blocks_per_sm() {  // 0 where it cannot run, the refusal taken back (mma_gemm.cuh's blocks_per_sm_cfg says why)
   auto kernel = wgmma_gemm_kernel<F, MT>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess)
-    return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps, smem_bytes<F, MT>()) != cudaSuccess)
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps, smem_bytes<F, MT>()) != cudaSuccess) {
+    (void)cudaGetLastError();
     return 0;
+  }
   return blocks;
 }
 

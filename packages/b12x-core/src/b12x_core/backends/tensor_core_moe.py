@@ -126,7 +126,7 @@ class TensorCoreMoE(Backend):
             tiles = geometry.output_tiles(busy_blocks, n, rows)
             chunks = -(-k // geometry.chunk_k(fmt))
             few = tiles < query.device.sms * SPLIT_BELOW_SMS
-            splits.append(gemm.even_split(tiles, chunks, cls._occupancy(query, fmt, mt)) if few else 1)
+            splits.append(gemm.even_split(tiles, chunks, cls._occupancy(query, fmt, mt, height)) if few else 1)
         route = "gemm" if cls._fuses(query, slots) else table_maker(slots, decode_kernels())
         config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
         if height != geometry.FULL_HEIGHT:
@@ -152,9 +152,9 @@ class TensorCoreMoE(Backend):
         return min(geometry.fitting_token_tile(per_expert, fmt, limit) for fmt in (query.format, query.moe.w2_format))
 
     @staticmethod
-    def _occupancy(query, fmt: str, mt: int) -> int:
-        """CTAs of one GEMM (format, token tile) that run at once: what a K split fills."""
-        return geometry.occupancy_slots(query, fmt, mt)
+    def _occupancy(query, fmt: str, mt: int, height: int) -> int:
+        """CTAs of one GEMM (format, token tile, `height` row tiles a CTA) that run at once: what a K split fills."""
+        return geometry.occupancy_slots(query, fmt, mt, height)
 
     @staticmethod
     def _fuses(query, slots: int) -> bool:
@@ -347,7 +347,7 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
         return min(wgmma.grouped_token_tile(per_expert, fmt) for fmt in (query.format, query.moe.w2_format))
 
     @staticmethod
-    def _occupancy(query, fmt: str, mt: int) -> int:
+    def _occupancy(query, fmt: str, mt: int, height: int) -> int:  # the wgmma kernel's CTAs are 128 rows high
         return wgmma.slots(fmt, mt, query.device.sms, measured=geometry.kernels_run(query))
 
     @staticmethod

@@ -51,15 +51,16 @@ def kernels_run(query) -> bool:
     return query.on_cuda and not query.device.kernels
 
 
-def occupancy_slots(query, fmt: str, mt: int) -> int:
-    """CTAs of the tensor-core GEMM (format, token tile of 8·mt) that run at once on the query's device: SMs ×
-    CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess."""
+def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
+    """CTAs of the tensor-core GEMM (format, token tile of 8·mt, `tiles` row tiles a CTA) that run at once on the
+    query's device: SMs × CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess
+    (also where that kernel does not fit the device: the extension answers 0)."""
     blocks = CONSERVATIVE_BLOCKS_PER_SM
     if kernels_run(query):
         import b12x_kernels
         from b12x_formats.kernel_facts import format_id
 
-        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1) or blocks
+        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1, tiles) or blocks
     return query.device.sms * blocks
 
 
