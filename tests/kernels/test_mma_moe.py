@@ -453,14 +453,19 @@ def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, f
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("holds", [False, True], ids=["staged", "held"])
-@pytest.mark.parametrize("t", [1, 3, 64])  # fused routing and combine (2, 6 slots), the table and the combine apart
-def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, monkeypatch, holds, t):
+# fused routing and combine (2, 6 slots), the table and the combine apart (64 tokens), and a gate/up GEMM whose 8 K
+# chunks the plan splits over 10 output tiles of 112 rows (the split-K tickets counted by the CTA's rows)
+@pytest.mark.parametrize("t,h", [(1, 512), (3, 512), (64, 512), (1, 2048)])
+def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, monkeypatch, holds, t, h):
     """IQ2_XS's MoE planned for an SM12x GPU's 99 KB a block (tensor_core_moe.SHORT_CTAS on): both GEMMs in 112-row
     CTAs at 8-slot blocks, run on this GPU as SM12x's proxy: against the reference on the weights the kernels
     multiply, deterministic, and within the tolerance of the 128-row CTAs' result (the K splits may differ)."""
     from b12x_core.backends import tensor_core_moe
+    from b12x_core.tensor_core import geometry
 
-    x, w13, w2, weights, ids = problem(rng, "IQ2_XS", "bf16", "silu", e=8, h=512, inter=256, t=t, top_k=2)
+    if geometry.fitting_heights("IQ2_XS", 99 * 1024)[:1] == (geometry.FULL_HEIGHT,):
+        pytest.skip("this build's IQ2_XS 128-row CTA fits 99 KB (B12X_IQ2_REPLICAS): no short CTAs to plan")
+    x, w13, w2, weights, ids = problem(rng, "IQ2_XS", "bf16", "silu", e=8, h=h, inter=256, t=t, top_k=2)
     kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format="bf16")
     p = prepared_on_cuda(w13, w2, **kw)
     monkeypatch.setattr(tensor_core_moe, "SHORT_CTAS", True)
@@ -470,6 +475,7 @@ def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, monkeypatch, hold
     full = alone(p, w13, w2, backend=TensorCoreMoE)
     row = short.for_tokens(t)
     assert row.config["rows"] < 128 and "rows" not in full.for_tokens(t).config
+    assert (row.config["splits"][0] > 1) == (h == 2048)
     ref = kernel_reference(bc.prepare_moe(w13, w2, **kw), full.rows[0].backend)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))

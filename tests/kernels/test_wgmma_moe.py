@@ -18,6 +18,7 @@ from closeness import close
 from graphs import check_moe_replays_with_new_routing
 
 import b12x_core as bc
+import b12x_formats as bf
 from b12x_core import crossover, plan, workspace
 from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE, TensorCoreMoEWgmma
@@ -31,8 +32,8 @@ from test_mma_moe import kernel_reference  # noqa: E402
 from test_moe_tiles import ACTIVATIONS, H200, alone, prepared_on_cuda, problem, quantizer_flips  # noqa: E402
 
 CUDA_H200 = dataclasses.replace(H200, device=torch.device("cuda"))
-CASES = [("NVFP4", "nvfp4"), ("NVFP4", "bf16"), ("MXFP4", "mxfp8"), ("MXFP4", "bf16"), ("Q8_0", "bf16"),
-         ("IQ2_XS", "bf16"), ("IQ2_XXS", "bf16")]  # fmt: skip
+CASES = [("NVFP4", "nvfp4"), ("NVFP4", "bf16"), ("W4A16_NVFP4", "bf16"), ("MXFP4", "mxfp8"), ("MXFP4", "bf16"),
+         ("Q8_0", "bf16"), ("IQ2_XS", "bf16"), ("IQ2_XXS", "bf16")]  # fmt: skip
 LAYERS = [(8, 128, 2048, 768), (4, 128, 2880, 2880), (8, 256, 7168, 2048), (2, 8, 512, 256)]  # top_k, E, H, I
 
 
@@ -188,11 +189,12 @@ def _gpu_plans(rng, fmt, act_format, activation, order, t):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
 @pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
-@pytest.mark.parametrize("t", [5, 64, 300])  # 32-, 64- and 128-slot blocks (8 experts, top-2; IQ2 up to 64)
-def test_gpu_wgmma_moe_matches_reference(rng, hopper, fmt, act_format, activation, order, t):
+# 8 experts, top-2: about 1, 50 and 75 slots an expert, so 32-, 64- and 128-slot blocks (IQ2: 32, 64, 64)
+@pytest.mark.parametrize("t,block", [(5, 32), (200, 64), (300, 128)])
+def test_gpu_wgmma_moe_matches_reference(rng, hopper, fmt, act_format, activation, order, t, block):
     wg, mma, ref, (x, weights, ids) = _gpu_plans(rng, fmt, act_format, activation, order, t)
     row = wg.for_tokens(t)
-    assert row.config["tokens"] == wgmma.grouped_token_tile(-(-t * 2 // min(t * 2, 8)), fmt) * 8
+    assert row.config["tokens"] == min(block, 64 if bf.spec(fmt).packing == "ggml" else block)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
     y = row.run(x, weights, ids)
