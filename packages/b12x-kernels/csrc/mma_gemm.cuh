@@ -440,10 +440,19 @@ template <class F, int MT, int TILES = kWarps>
 constexpr int smem_bytes() {
   return table_words<F>() * 4 + 2 * (8 * MT) * x_row_elems<F>() * 2 + TILES * kStages * slot_bytes<F>();
 }
+// The register cap (__launch_bounds__' CTAs an SM): as many CTAs as the SM's shared memory holds, at most 4. SM90 holds
+// 227 KB a block (at least 2 asked: measured so); SM12x (sm_120a / sm_121a passes) 100 KB an SM, where most of these
+// CTAs fit once: asking for two there capped registers for CTAs that never run together (FP8_BLOCK at 32-token tiles
+// spilled under it), so there the floor is 1.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kSmemPerSm = 100 * 1024, kMinBlocksFloor = 1;
+#else
+constexpr int kSmemPerSm = 227 * 1024, kMinBlocksFloor = 2;
+#endif
 template <class F, int MT, int TILES = kWarps>
-constexpr int min_blocks() {  // register cap: as many CTAs per SM as shared memory allows, 2..4
-  constexpr int fit = (227 * 1024) / (smem_bytes<F, MT, TILES>() + 1024);
-  return fit >= 4 ? 4 : fit >= 3 ? 3 : 2;
+constexpr int min_blocks() {
+  constexpr int fit = kSmemPerSm / (smem_bytes<F, MT, TILES>() + 1024);
+  return fit >= 4 ? 4 : fit > kMinBlocksFloor ? fit : kMinBlocksFloor;
 }
 // Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
 // tile's live rows (at most 8: dense, its tokens; grouped, its block's slots, at most min(M, 8) since M counts the
