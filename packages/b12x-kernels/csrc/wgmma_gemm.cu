@@ -121,6 +121,16 @@ __device__ __noinline__ void store_tile_outlined(const MmaParams& p, Accumulator
 }
 #endif
 
+// B12X_LEAN_CHUNK (an experiment's build switch, defined in no shipped build): fewer bookkeeping instructions a chunk
+// for the same work, where the kernel is issue-bound (64-token tiles: half the cycles issue, Nsight Compute
+// 2026-12-04). (1) The copies are issued by an elect.sync lane instead of `lane == 0`: ptxas then issues each bulk
+// copy once, where under the lane test it wraps every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about
+// six instructions a copy). (2) A dead warp's A registers are zeroed once before the chunks, not each chunk: the
+// else-branch's zeroing was hoisted above the decode's branch, 16 CS2R a chunk on every live warp. (Decoding
+// unconditionally instead let ptxas move the decode past the wgmma fence, which serialized the wgmmas: C7513; the
+// branch keeps it before.) SASS, sm_90a: a chunk's instructions 249 -> 222-224 for NVFP4, 153 -> 139 FP8, 212 -> 194 Q8_0,
+// 176 -> 157 MXFP8 (the per-chunk-factor formats gain (1) only), registers within ±6, no spills, no C7513. The same
+// bits: the same copies and the same wgmmas on the same registers.
 // ---------------------------------------------------------------------------------------------- GEMM
 // grid (token tiles, or table blocks when GROUPED, K splits, blocks of 16·W rows), as mma_gemm's; W warps.
 template <class F, int MT, bool GROUPED = false, int W = kWarps>
@@ -179,7 +189,11 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   const uint32_t w_bytes = live ? 1024 + 16 * F::META + 16 * F::META2 : 0;
   const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
   auto issue_part = [&](int c, bool weights_part, bool x_part) {
+#ifdef B12X_LEAN_CHUNK
+    if (c >= c_end || !elect_one()) return;  // every caller's warp is converged here
+#else
     if (c >= c_end || lane != 0) return;
+#endif
     const uint32_t stage = unsigned(c - c_begin) % S, bar = full_addr + 8 * stage;
     if (weights_part) {
       fence_proxy_async();
@@ -242,6 +256,10 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   if constexpr (!F::ACC) {
     // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
     uint32_t a[2][STEPS][4];
+#ifdef B12X_LEAN_CHUNK
+    zero_a(a[0]);  // once: a dead warp (rows past N) multiplies zeros in every chunk, a live one its decode
+    zero_a(a[1]);
+#endif
     for_chunks([&](int c, auto P) {
       const unsigned stage = begin_chunk(c);
       const uint32_t xs = xring_addr + stage * XBYTES;
@@ -258,11 +276,15 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
       }
       if constexpr (W == kWarps) {
         constexpr int par = decltype(P)::value;
+#ifdef B12X_LEAN_CHUNK
+        if (live) decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);  // a dead warp's stay zero
+#else
         if (live) {
           decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
         } else {
           zero_a(a[par]);
         }
+#endif
         fence_operands(d);
         wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
         static_for<STEPS>([&](auto St) {
