@@ -193,3 +193,29 @@ def test_no_backend_module_imports_another():
     assert {"b12x_core.backends.reference", "b12x_core.backends.tensor_core"} <= backend_modules
     borrowed = {(m, t) for m in backend_modules for t in graph[m] & backend_modules}
     assert borrowed == set()
+
+
+def _experiment_switches() -> list[str]:
+    """The build switches docs/architecture.md lists as waiting for a device A/B (its table's first column)."""
+    import re
+
+    text = (ROOT / "docs/architecture.md").read_text()
+    section = text.split("## Experiments waiting for a device A/B", 1)[1]
+    return sorted(set(re.findall(r"^\| `(B12X_[A-Z0-9_]+)` \|", section, re.M)))
+
+
+def test_experiment_switches_are_defined_in_no_shipped_build():
+    """An A/B's `#define` must not land: a switch is set only by its own `#ifndef` default (B12X_IQ2_REPLICAS's
+    shipped value), never in the kernels' sources or their build."""
+    switches = _experiment_switches()
+    assert "B12X_OUTLINED_EPILOGUE" in switches and len(switches) >= 3, switches
+    kernels = ROOT / "packages/b12x-kernels"
+    for path in [*sorted((kernels / "csrc").iterdir()), kernels / "CMakeLists.txt"]:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            for switch in switches:
+                if path.suffix == ".txt":
+                    assert switch not in line, f"{path.name}:{i + 1} sets {switch} in the build"
+                elif line.strip().startswith(f"#define {switch}"):
+                    guarded = i > 0 and lines[i - 1].strip() == f"#ifndef {switch}"
+                    assert guarded, f"{path.name}:{i + 1} defines the experiment {switch} (an A/B's edit landed?)"
