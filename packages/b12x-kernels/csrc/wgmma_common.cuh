@@ -113,13 +113,15 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
   return desc_field(smem_addr) | (desc_field(128) << 16) | (desc_field(SBO) << 32);
 }
 
-// d += A (64 × 16 bf16, registers) · B (16 × N bf16, shared memory through desc), N = 8·NT; scale-d = 1,
-// imm-scale-a = imm-scale-b = 1, imm-trans-b = 0 (K-major). Written out per N (the asm needs N/2 operands).
+// d = A (64 × 16 bf16, registers) · B (16 × N bf16, shared memory through desc) + d, or + 0 with scale_d 0 (d's old
+// values ignored: a sum's first step needs no zeroed accumulators), N = 8·NT; imm-scale-a = imm-scale-b = 1,
+// imm-trans-b = 0 (K-major). Written out per N (the asm needs N/2 operands).
 template <int N>
-__device__ void mma_async(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+__device__ void mma_async(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, uint32_t scale_d = 1u);
 
 template <>
-__device__ __forceinline__ void mma_async<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void mma_async<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t desc,
+                                             uint32_t scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
@@ -127,12 +129,13 @@ __device__ __forceinline__ void mma_async<8>(float (&d)[4], const uint32_t (&a)[
       "}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
       :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
 
 template <>
-__device__ __forceinline__ void mma_async<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void mma_async<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc,
+                                             uint32_t scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
@@ -140,12 +143,13 @@ __device__ __forceinline__ void mma_async<16>(float (&d)[8], const uint32_t (&a)
       "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
       :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
 
 template <>
-__device__ __forceinline__ void mma_async<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void mma_async<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+                                             uint32_t scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
@@ -154,12 +158,13 @@ __device__ __forceinline__ void mma_async<32>(float (&d)[16], const uint32_t (&a
       :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
 
 template <>
-__device__ __forceinline__ void mma_async<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void mma_async<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc,
+                                             uint32_t scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -171,12 +176,13 @@ __device__ __forceinline__ void mma_async<64>(float (&d)[32], const uint32_t (&a
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
 
 template <>
-__device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc,
+                                             uint32_t scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -194,7 +200,7 @@ __device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
 // d += A (64 × 16 bf16) · B (16 × N bf16), both from shared memory through their descriptors (K-major, no swizzle):
