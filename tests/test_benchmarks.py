@@ -161,3 +161,13 @@ def test_standing_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, r
     assert fp8[1].rstrip(" |") == f"{speedup(new, 'FP8', 16)}<sup>b</sup>"
     assert nvfp4[1].rstrip(" |") == f"{speedup(old, 'NVFP4', 16)}<sup>a</sup>"
     assert "`old.json` (old.json)" in done.stdout and "`new.json` (new.json)" in done.stdout
+
+
+def test_moe_profile_runs_each_case_and_names_its_plan_row():
+    """benchmarks/moe_profile.py (the Nsight Compute driver for the MoE at decode sizes) on the CPU's reference plan."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/moe_profile.py"), "tiny:NVFP4:bf16:1", "tiny:Q8_0:bf16:3",
+           "--device", "cpu"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line.split(":")[1] for line in done.stdout.splitlines()] == ["NVFP4", "Q8_0"], done.stdout
+    assert all("reference" in line for line in done.stdout.splitlines())
