@@ -25,7 +25,8 @@ def test_imports_and_reports_why_it_cannot_run():
         assert reason.startswith("no CUDA device")
 
 
-def test_fat_binary_holds_sm90_sm120a_sm121a():
+def cuobjdump(*args: str) -> str:
+    """cuobjdump's output on the built extension (skips where the extension or the tool is missing)."""
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
     tool = shutil.which("cuobjdump") or next(iter(Path("/usr/local/cuda/bin").glob("cuobjdump")), None)
@@ -37,9 +38,33 @@ def test_fat_binary_holds_sm90_sm120a_sm121a():
         tool = next((p for root in roots for p in Path(root).glob("*/bin/cuobjdump")), None)
     if tool is None:
         pytest.skip("cuobjdump not found")
-    listing = subprocess.run([str(tool), "--list-elf", b12x_kernels._C.__file__], capture_output=True, text=True).stdout
+    return subprocess.run([str(tool), *args, b12x_kernels._C.__file__], capture_output=True, text=True).stdout
+
+
+def test_fat_binary_holds_sm90_sm120a_sm121a():
+    listing = cuobjdump("--list-elf")
     for arch in ("sm_90", "sm_120a", "sm_121a"):
         assert f".{arch}." in listing, listing
+
+
+def test_sm12x_tensor_core_kernels_keep_their_values_in_registers():
+    """No SM12x GPU has run them, so what the CPU can hold them to is their code: no instance of the tensor-core GEMM
+    (the mma.sync family, SM12x's) spills to a stack frame in the sm_120a / sm_121a code. Their register cap asks
+    for the CTAs an SM12x's 100 KB of shared memory holds (mma_gemm.cuh min_blocks); asked for two where one fits,
+    FP8_BLOCK at 32-token tiles spilled."""
+    arch, name, seen = "", "", 0
+    for line in cuobjdump("-res-usage").splitlines():
+        if line.startswith("arch = "):
+            arch = line.split()[-1]
+        elif line.strip().startswith("Function ") and "mma_gemm_kernel" in line:
+            name = line.strip()
+        elif "REG:" in line and arch in ("sm_120a", "sm_121a") and name:
+            usage = dict(field.split(":") for field in line.split())
+            assert usage["STACK"] == "0" and usage["LOCAL"] == "0", f"{arch} {name} {line.strip()}"
+            seen += 1
+        if "REG:" in line:
+            name = ""
+    assert seen > 100, seen  # every format's instances, on both archs
 
 
 def test_the_extension_counts_each_kernels_shared_memory_without_a_gpu():
