@@ -54,4 +54,20 @@ cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 b
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// CTAs of `kernel` (`threads` a CTA, `bytes` of dynamic shared memory) that one SM of the current device holds; 0
+// where it cannot run there (its shared memory past the block's limit: SM12x's 99 KB for IQ2_XS's 128-row CTA, FP4
+// at 32-token tiles). The runtime keeps that refusal as the thread's last error, and a later `return
+// cudaGetLastError()` after a launch would report it as its own (the plans ask here while they are made), so the
+// refusal is taken back here: a question, not a failure.
+template <class... Params>
+int blocks_per_sm_of(void (*kernel)(Params...), int threads, int bytes) {
+  int blocks = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return blocks;
+}
+
 }  // namespace b12x

@@ -1079,23 +1079,11 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
   });
 }
 
-// 0 where the kernel cannot run on the current device (its shared memory past the block's limit: SM12x's 99 KB for
-// IQ2_XS's 128-row CTA, FP4 at 32-token tiles). The runtime keeps that refusal as the thread's last error, and every
-// later `return cudaGetLastError()` after a launch would report it as its own (the plans ask here while they are made),
-// so the refusal is taken back here: a question, not a failure.
 template <class F>
-int blocks_per_sm_cfg(int mt, int rt, int tiles) {
+int blocks_per_sm_cfg(int mt, int rt, int tiles) {  // 0 where it cannot run here (launch.cuh blocks_per_sm_of)
   return with_kernel(mt, rt, tiles, 0, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
-    auto kernel = mma_gemm_kernel<F, mt_, rt_, tl_>;
-    constexpr int bytes = smem_bytes<F, mt_, tl_>();
-    int blocks = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * tl_ / rt_, bytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return blocks;
+    return blocks_per_sm_of(mma_gemm_kernel<F, mt_, rt_, tl_>, 32 * tl_ / rt_, smem_bytes<F, mt_, tl_>());
   });
 }
 

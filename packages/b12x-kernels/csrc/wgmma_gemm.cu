@@ -451,15 +451,8 @@ cudaError_t launch(const MmaParams& p, uint8_t* staged, cudaStream_t stream) {
 }
 
 template <class F, int MT>
-int blocks_per_sm() {  // 0 where it cannot run, the refusal taken back (mma_gemm.cuh's blocks_per_sm_cfg says why)
-  auto kernel = wgmma_gemm_kernel<F, MT>;
-  int blocks = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, MT>()) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * kWarps, smem_bytes<F, MT>()) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return blocks;
+int blocks_per_sm() {  // 0 where it cannot run here (launch.cuh blocks_per_sm_of)
+  return blocks_per_sm_of(wgmma_gemm_kernel<F, MT>, 32 * kWarps, smem_bytes<F, MT>());
 }
 
 // The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
