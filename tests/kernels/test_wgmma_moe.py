@@ -18,7 +18,6 @@ from closeness import close
 from graphs import check_moe_replays_with_new_routing
 
 import b12x_core as bc
-import b12x_formats as bf
 from b12x_core import crossover, plan, workspace
 from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE, TensorCoreMoEWgmma
@@ -189,12 +188,13 @@ def _gpu_plans(rng, fmt, act_format, activation, order, t):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
 @pytest.mark.parametrize("activation,order", ACTIVATIONS, ids=str)
-# 8 experts, top-2: about 1, 50 and 75 slots an expert, so 32-, 64- and 128-slot blocks (IQ2: 32, 64, 64)
+# 8 experts, top-2: about 1, 50 and 75 slots an expert, so 32-, 64- and 128-slot blocks (IQ2, whose per-chunk factor
+# takes a second accumulator set: 32, 64, 64; Q8_0, GGML-packed but without one, runs 128)
 @pytest.mark.parametrize("t,block", [(5, 32), (200, 64), (300, 128)])
 def test_gpu_wgmma_moe_matches_reference(rng, hopper, fmt, act_format, activation, order, t, block):
     wg, mma, ref, (x, weights, ids) = _gpu_plans(rng, fmt, act_format, activation, order, t)
     row = wg.for_tokens(t)
-    assert row.config["tokens"] == min(block, 64 if bf.spec(fmt).packing == "ggml" else block)
+    assert row.config["tokens"] == min(block, 64 if fmt in wgmma.FACTOR_FORMATS else block)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
     y = row.run(x, weights, ids)
