@@ -208,7 +208,7 @@ def test_experiment_switches_are_defined_in_no_shipped_build():
     """An A/B's `#define` must not land: a switch is set only by its own `#ifndef` default (B12X_IQ2_REPLICAS's
     shipped value), never in the kernels' sources or their build."""
     switches = _experiment_switches()
-    assert "B12X_OUTLINED_EPILOGUE" in switches and len(switches) >= 3, switches
+    assert switches, "docs/architecture.md's table of switches was not found"
     kernels = ROOT / "packages/b12x-kernels"
     for path in [*sorted((kernels / "csrc").iterdir()), kernels / "CMakeLists.txt"]:
         lines = path.read_text().splitlines()

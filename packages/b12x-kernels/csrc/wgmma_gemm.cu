@@ -100,28 +100,8 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
   });
 }
 
-// B12X_OUTLINED_EPILOGUE (an experiment's build switch, defined in no shipped build): the epilogue as a function of
-// its own. Inlined, store_tile (every epilogue and the split-K reduction, unrolled over the accumulators) is most of
-// the kernel's code (210 of 228 KB at 128-token tiles), and ptxas places the mbarrier waits' retry blocks after it,
-// so a wait whose first try fails jumps 210 KB and back: two instruction-cache misses, the largest stall at
-// 128-token tiles (docs/performance.md, 2026-12-04). Outlined, the retry blocks follow the main loop (SASS, sm_90a,
-// NVFP4: 12 KB past the main loop's wait instead of 210 KB). The accumulators reach it as a copy (a struct by value),
-// so the main loop's stay in registers: 128-token tiles only (1 CTA an SM: ptxas 197 registers against 167, no
-// spills); at 64-token tiles the call spills under the 128-register cap. To time it against the shipped kernel:
-// tools/kernel_ab.sh with the new tree's csrc given `#define B12X_OUTLINED_EPILOGUE` at wgmma_gemm.cu's top.
-#ifdef B12X_OUTLINED_EPILOGUE
-template <int MT>
-struct Accumulators {
-  float v[1][MT][4];
-};
-template <int MT>
-__device__ __noinline__ void store_tile_outlined(const MmaParams& p, Accumulators<MT> acc, int tile_base, int expert,
-                                                 int split, int mtile, int nblk, const int* dst_row) {
-  store_tile<1, MT>(p, acc.v, tile_base, expert, split, mtile, nblk, dst_row);
-}
-#endif
-
-// B12X_LEAN_CHUNK (an experiment's build switch, defined in no shipped build): fewer bookkeeping instructions a chunk
+// Lean chunks (B12X_LEAN_CHUNK until its A/B on the H200, 2026-12-05: 1-5% faster a layer at 64-4096 tokens, every
+// format; docs/performance.md): fewer bookkeeping instructions a chunk
 // for the same work, where the kernel is issue-bound (64-token tiles: half the cycles issue, Nsight Compute
 // 2026-12-04). (1) The copies are issued by an elect.sync lane instead of `lane == 0`: ptxas then issues each bulk
 // copy once, where under the lane test it wraps every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about
@@ -191,11 +171,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   const uint32_t w_bytes = live ? 1024 + 16 * F::META + 16 * F::META2 : 0;
   const uint32_t expect_bytes = w_bytes + (warp == 0 ? x_bytes : 0);
   auto issue_part = [&](int c, bool weights_part, bool x_part) {
-#ifdef B12X_LEAN_CHUNK
     if (c >= c_end || !elect_one()) return;  // every caller's warp is converged here
-#else
-    if (c >= c_end || lane != 0) return;
-#endif
     const uint32_t stage = unsigned(c - c_begin) % S, bar = full_addr + 8 * stage;
     if (weights_part) {
       fence_proxy_async();
@@ -258,10 +234,8 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   if constexpr (!F::ACC) {
     // Chunk c on A register set P (c % 2 = P): see the header for why each step sits where it does.
     uint32_t a[2][STEPS][4];
-#ifdef B12X_LEAN_CHUNK
     zero_a(a[0]);  // once: a dead warp (rows past N) multiplies zeros in every chunk, a live one its decode
     zero_a(a[1]);
-#endif
     for_chunks([&](int c, auto P) {
       const unsigned stage = begin_chunk(c);
       const uint32_t xs = xring_addr + stage * XBYTES;
@@ -278,15 +252,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
       }
       if constexpr (W == kWarps) {
         constexpr int par = decltype(P)::value;
-#ifdef B12X_LEAN_CHUNK
         if (live) decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);  // a dead warp's stay zero
-#else
-        if (live) {
-          decode_a<F, 0, GROUPS>(w0, w1, s0, s1, nullptr, lane, a[par]);
-        } else {
-          zero_a(a[par]);
-        }
-#endif
         fence_operands(d);
         wg_fence();  // orders the A registers just written (and the accumulators) before the wgmmas read them
         static_for<STEPS>([&](auto St) {
@@ -333,10 +299,8 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
     for (int j = 0; j < TOK / 2; ++j) part[j] = 0.f;
     float factor[2] = {0.f, 0.f};  // the last chunk's, for rows q and q + 8
     uint32_t a[2][U][4];
-#ifdef B12X_LEAN_CHUNK
     zero_a(a[0]);  // once: a dead warp multiplies zeros in every unit, a live one its decode
     zero_a(a[1]);
-#endif
     auto fold = [&]() {
 #pragma unroll
       for (int i = 0; i < TOK / 2; ++i) d[i] += factor[(i >> 1) & 1] * part[i];
@@ -365,23 +329,11 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
       const uint64_t desc0 = smem_desc<KB * 16>(xring_addr + stage * XBYTES);
       static_for<UNITS>([&](auto Un) {
         constexpr int u = decltype(Un)::value, set = UNITS == 1 ? par : u % 2;
-#ifdef B12X_LEAN_CHUNK
         if (live) decode_a<F, u * U / 2, U / 2>(w0, w1, s0, s1, tab, lane, a[set]);  // a dead warp's stay zero
-#else
-        if (live) {
-          decode_a<F, u * U / 2, U / 2>(w0, w1, s0, s1, tab, lane, a[set]);
-        } else {
-          zero_a(a[set]);
-        }
-#endif
         if constexpr (u == 0) {  // the last chunk's wgmmas are done: fold them, start this chunk's sum
           wg_wait<0>();
           fence_operands(part);
           if (c > c_begin) fold();
-#ifndef B12X_LEAN_CHUNK  // lean: the chunk's first wgmma ignores part's old values (scale-d 0) instead
-#pragma unroll
-          for (int j = 0; j < TOK / 2; ++j) part[j] = 0.f;
-#endif
           factor[0] = f0;
           factor[1] = f1;
         }
@@ -389,11 +341,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
         wg_fence();  // orders the A registers just written (and part) before the wgmmas read them
         static_for<U>([&](auto St) {
           constexpr int s = u * U + decltype(St)::value;
-#ifdef B12X_LEAN_CHUNK
           mma_async<TOK>(part, a[set][s - u * U], desc0 + uint64_t(16 * s), s == 0 ? 0u : 1u);
-#else
-          mma_async<TOK>(part, a[set][s - u * U], desc0 + uint64_t(16 * s));
-#endif
         });
         wg_commit();
         wg_wait<1>();
@@ -406,18 +354,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   }
   grid_dependents_launch();  // the next kernel may start its weight copies while this one stores
 
-#ifdef B12X_OUTLINED_EPILOGUE
-  if constexpr (MT == 16 && W == kWarps) {  // one CTA an SM; smaller tiles' two would spill under the call
-    Accumulators<MT> out;
-#pragma unroll
-    for (int i = 0; i < TOK / 2; ++i) reinterpret_cast<float*>(out.v)[i] = d[i];
-    store_tile_outlined<MT>(p, out, tile_base, expert, split, mtile, nblk, dst_row);
-  } else {
-    store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
-  }
-#else
   store_tile<1, MT>(p, acc, tile_base, expert, split, mtile, nblk, dst_row);
-#endif
 #endif  // B12X_WGMMA_DEVICE
 }
 
