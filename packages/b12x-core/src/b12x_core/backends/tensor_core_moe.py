@@ -16,7 +16,7 @@ per GEMM over every touched expert.
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
-- Short CTAs (SHORT_CTAS, off until run on a GPU): where a format's 128-row CTA does not fit the device's shared
+- Short CTAs (SHORT_CTAS): where a format's 128-row CTA does not fit the device's shared
   memory a block (SM12x: IQ2_XS), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows").
 
 TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
@@ -61,9 +61,10 @@ FUSED_MAX_SLOTS = 32
 FUSES: bool | None = None
 # Grouped CTAs of 7 or 6 row tiles (112 / 96 rows: the kernel's short forms, one-token tiles) where no 128-row CTA of
 # a GEMM's format fits the device's shared memory a block: SM12x's 99 KB and IQ2_XS's 40 KB of tables, whose MoE
-# then runs 8-slot blocks here instead of the Triton MoE. Off until a GPU has held those kernels to the reference: the
-# H200 can, planning as an SM12x (tests/kernels/test_mma_moe.py, built 2026-12-04 without device time).
-SHORT_CTAS = False
+# then runs 8-slot blocks here instead of the Triton MoE. On since the H200, planning as an SM12x, held those kernels
+# to the reference (tests/kernels/test_mma_moe.py, every case passed on 2026-12-05); the H200's own plans never take
+# them (its 227 KB fits every 128-row CTA).
+SHORT_CTAS = True
 
 
 def _rows13(shape) -> int:
