@@ -101,18 +101,17 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
 }
 
 // Lean chunks (B12X_LEAN_CHUNK until its A/B on the H200, 2026-12-05: 1-5% faster a layer at 64-4096 tokens, every
-// format; docs/performance.md): fewer bookkeeping instructions a chunk
-// for the same work, where the kernel is issue-bound (64-token tiles: half the cycles issue, Nsight Compute
-// 2026-12-04). (1) The copies are issued by an elect.sync lane instead of `lane == 0`: ptxas then issues each bulk
-// copy once, where under the lane test it wraps every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about
-// six instructions a copy). (2) A dead warp's A registers are zeroed once before the chunks, not each chunk: the
-// else-branch's zeroing was hoisted above the decode's branch, 16 CS2R a chunk on every live warp. (Decoding
-// unconditionally instead let ptxas move the decode past the wgmma fence, which serialized the wgmmas: C7513; the
-// branch keeps it before.) (3) With a per-chunk factor, the chunk's first wgmma ignores the partial sums' old values
-// (scale-d 0) instead of their being zeroed a chunk. SASS, sm_90a, instructions a chunk (64-token tiles): NVFP4 260 ->
-// 235, FP8 164 -> 150, IQ2_XS 665 -> 614, FP8_BLOCK 225 -> 210 (7-10% for every format); registers within ±6, no
-// spills, no C7513. The same outputs: the same copies and wgmmas (a zero partial sum may keep its sign now; folded
-// into the accumulators, which start at +0, it adds nothing).
+// format; docs/performance.md): fewer bookkeeping instructions a chunk for the same work, where the kernel is
+// issue-bound (64-token tiles: half the cycles issue, Nsight Compute 2026-12-04). (1) The copies are issued by an
+// elect.sync lane instead of `lane == 0`: ptxas then issues each bulk copy once, where under the lane test it wraps
+// every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about six instructions a copy). (2) A dead warp's A
+// registers are zeroed once before the chunks, not each chunk: the else-branch's zeroing was hoisted above the decode's
+// branch, 16 CS2R a chunk on every live warp. (Decoding unconditionally instead let ptxas move the decode past the
+// wgmma fence, which serialized the wgmmas: C7513; the branch keeps it before.) (3) With a per-chunk factor, the
+// chunk's first wgmma ignores the partial sums' old values (scale-d 0) instead of their being zeroed a chunk. SASS,
+// sm_90a, instructions a chunk (64-token tiles): NVFP4 260 -> 235, FP8 164 -> 150, IQ2_XS 665 -> 614, FP8_BLOCK 225 ->
+// 210 (7-10% for every format); registers within ±6, no spills, no C7513. The same outputs: the same copies and wgmmas
+// (a zero partial sum may keep its sign now; folded into the accumulators, which start at +0, it adds nothing).
 // ---------------------------------------------------------------------------------------------- GEMM
 // grid (token tiles, or table blocks when GROUPED, K splits, blocks of 16·W rows), as mma_gemm's; W warps.
 template <class F, int MT, bool GROUPED = false, int W = kWarps>

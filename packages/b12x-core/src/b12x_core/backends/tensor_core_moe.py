@@ -16,8 +16,8 @@ per GEMM over every touched expert.
   (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
-- Short CTAs (SHORT_CTAS): where a format's 128-row CTA does not fit the device's shared
-  memory a block (SM12x: IQ2_XS), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows").
+- Short CTAs (SHORT_CTAS): where a format's 128-row CTA does not fit the device's shared memory a block (SM12x:
+  IQ2_XS), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows").
 
 TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
 
