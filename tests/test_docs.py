@@ -1,5 +1,5 @@
 """The examples in docs/*.md run as written; docs/performance.md is what its generator writes from the files it
-lists; every benchmarks/ or tools/ path the docs name exists."""
+lists; every benchmarks/ script the docs name exists."""
 
 import doctest
 import re
@@ -45,9 +45,9 @@ def test_docs_keep_only_the_results_the_performance_page_cites():
     assert sorted(name for name in kept if f"results/{name}" not in cited) == []
 
 
-def test_every_script_the_docs_name_exists():
-    """A benchmarks/ or tools/ path named in README.md or docs/*.md is in the tree."""
+def test_every_benchmark_the_docs_name_exists():
+    """A benchmarks/ script named in README.md or docs/*.md is in the tree."""
     named = set()
     for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
-        named |= set(re.findall(r"\b((?:benchmarks|tools)/[\w./-]+\.(?:py|sh))\b", page.read_text()))
+        named |= set(re.findall(r"\b(benchmarks/[\w./-]+\.py)\b", page.read_text()))
     assert named and sorted(p for p in named if not (ROOT / p).is_file()) == []
