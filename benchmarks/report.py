@@ -1,4 +1,5 @@
-"""The docs/performance.md tables of a device run, from the raw JSON that plan_check.py and moe.py wrote.
+"""One run's tables, from the raw JSON that plan_check.py and moe.py wrote (docs/performance.md, which gathers the
+newest measurement of every point from many runs, is written by performance_page.py).
 
     python benchmarks/report.py --linear linear.json --moe moe.json > rows.md
 

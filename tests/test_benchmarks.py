@@ -113,38 +113,64 @@ def _layer_rows(rng, ms, formats):
     return rows
 
 
-def test_standing_reads_moe_runs_too(tmp_path, rng):
-    """benchmarks/standing.py given a moe.py run: a table per MoE layer shape after the linear ones, columns by T,
-    each cell the dispatched MoE's ("auto") speed-up over the bf16 grouped MoE; the backends timed alone give none."""
+def _page(tmp_path, *files):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks/performance_page.py"), *files], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_performance_page_reads_moe_runs_too(tmp_path, rng):
+    """benchmarks/performance_page.py given a moe.py run: a table per MoE layer shape after the linear ones, columns
+    by T, each cell the dispatched MoE's ("auto") speed-up over the bf16 grouped MoE; the backends timed alone give
+    none."""
     linear = _layer_rows(rng, [1], ["FP8"])
     moe = [
         dict(
             shape="qwen3", format="MXFP4", act="mxfp8", backend=name, t=t, us=us, bf16_ref_us=100.0, speedup=100.0 / us
         )  # fmt: skip
         for t in (1, 64)
-        for name, us in (("auto", float(rng.uniform(20, 90))), ("triton_moe", 500.0))
+        for name, us in (("auto", float(rng.uniform(20, 90))), ("triton_moe", 5.0))
     ]
     for name, rows in (("linear.json", linear), ("moe.json", moe)):
-        (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name}))
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/standing.py"), "linear.json", "moe.json"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+        (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name, "device": "NVIDIA H200"}))
+    done = _page(tmp_path, "linear.json", "moe.json")
     assert done.returncode == 0, done.stderr
-    linear_at, moe_at = done.stdout.index("**8b**"), done.stdout.index("**qwen3 MoE**")
+    linear_at, moe_at = done.stdout.index("### Llama-3.1-8B"), done.stdout.index("### Qwen3-30B-A3B-like MoE")
     assert linear_at < moe_at and "| format × activations | T=1 | T=64 |" in done.stdout[moe_at:]
     row = next(line for line in done.stdout[moe_at:].splitlines() if line.startswith("| MXFP4 × mxfp8"))
     speedups = [r["speedup"] for r in moe if r["backend"] == "auto"]
     assert row.split(" | ")[1:] == [f"{speedups[0]:.2f}<sup>b</sup>", f"{speedups[1]:.2f}<sup>b</sup> |"]
+    assert "](results/performance_h200_moe_qwen3.png)" in done.stdout
 
 
-def test_standing_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, rng):
-    """benchmarks/standing.py: a cell measured by two runs shows the later one's speed-up and letter; a cell only the
-    earlier run measured keeps it; a layer with a linear missing gives no cell."""
+def test_performance_page_without_auto_rows_takes_the_fastest_candidate(tmp_path):
+    """A moe.py run that timed the plan's candidates alone: the fastest of them gives the cell (what a plan built
+    from that run's table runs); the A/B forms the plans never run (its "@" suffixes) are left out."""
+    times = {"tensor_core_moe": 40.0, "tensor_core_moe+held": 25.0, "triton_moe": 90.0, "tensor_core_moe@unfused": 5.0}
+    rows = [dict(shape="gptoss", format="NVFP4", act="nvfp4", backend=b, t=1, us=us, bf16_ref_us=100.0)
+            for b, us in times.items()]  # fmt: skip
+    (tmp_path / "moe.json").write_text(json.dumps({"rows": rows, "date": "d", "device": "NVIDIA H200"}))
+    done = _page(tmp_path, "moe.json")
+    assert done.returncode == 0, done.stderr
+    assert "| NVFP4 × nvfp4 | 4.00<sup>a</sup> |" in done.stdout
+
+
+def test_performance_page_refuses_a_file_that_gives_no_cell(tmp_path, rng):
+    """Every file the page reads gives a cell, so docs/results/ holds no file the page does not cite."""
+    rows = _layer_rows(rng, [1], ["FP8"])
+    for name in ("old.json", "new.json"):
+        (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name}))
+    done = _page(tmp_path, "old.json", "new.json")
+    assert done.returncode == 1 and "old.json" in done.stderr and "new.json" not in done.stderr
+
+
+def test_performance_page_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, rng):
+    """benchmarks/performance_page.py: a cell measured by two runs shows the later one's speed-up and letter; a
+    cell only the earlier run measured keeps it; a layer with a linear missing gives no cell."""
     old, new = _layer_rows(rng, [1, 16], ["FP8", "NVFP4"]), _layer_rows(rng, [16, 256], ["FP8"])
     new = [r for r in new if not (r["m"] == 256 and r["shape"] == "8b.down" and r["format"] == "FP8")]
     for name, rows in (("old.json", old), ("new.json", new)):
         (tmp_path / name).write_text(json.dumps({"rows": rows, "date": name}))
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/standing.py"), "old.json", "new.json"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = _page(tmp_path, "old.json", "new.json")
     assert done.returncode == 0, done.stderr
     table = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in done.stdout.splitlines()
              if line.startswith("| FP8") or line.startswith("| NVFP4")}  # fmt: skip
@@ -160,7 +186,8 @@ def test_standing_takes_each_cell_from_the_last_run_that_measured_it(tmp_path, r
     assert fp8[0] == f"{speedup(old, 'FP8', 1)}<sup>a</sup>"
     assert fp8[1].rstrip(" |") == f"{speedup(new, 'FP8', 16)}<sup>b</sup>"
     assert nvfp4[1].rstrip(" |") == f"{speedup(old, 'NVFP4', 16)}<sup>a</sup>"
-    assert "`old.json` (old.json)" in done.stdout and "`new.json` (new.json)" in done.stdout
+    assert "<sup>a</sup> [`old.json`](results/old.json)" in done.stdout
+    assert "<sup>b</sup> [`new.json`](results/new.json)" in done.stdout
 
 
 def test_moe_profile_runs_each_case_and_names_its_plan_row():

@@ -1,5 +1,10 @@
-"""docs/architecture.md's "Adding a backend" steps, followed literally: the toy backend below (the doc's example,
-word for word) registered for the test is chosen by a plan, prepared, run, and shown by explain."""
+"""docs/architecture.md's recipes, followed literally. "Adding a backend": the toy backend below (the doc's example,
+word for word) registered for the test is chosen by a plan, prepared, run, and shown by explain. "Adding a format":
+the doc's toy codec module, run as written, registers a format that quantizes, dequantizes, loads from checkpoint
+tensors and runs through the reference linear."""
+
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,3 +82,54 @@ def test_the_doc_shows_this_toy_word_for_word():
     start = section.index("```python\n") + len("```python\n")
     block = section[start : section.index("\n   ```\n", start)]
     assert textwrap.dedent(block).strip() == inspect.getsource(ToyLinear).strip()
+
+
+# --- docs/architecture.md, "Adding a format": the toy codec's module, run as the doc writes it ---
+def _format_recipe() -> str:
+    doc = (Path(__file__).resolve().parents[2] / "docs/architecture.md").read_text()
+    section = doc[doc.index("## Adding a format") :]
+    start = section.index("```python\n") + len("```python\n")
+    return textwrap.dedent(section[start : section.index("\n   ```\n", start)])
+
+
+@pytest.fixture
+def toy_format():
+    """Step 1 and 2: the module's code defines the codec, which registers it (in b12x_formats the import in
+    codecs/__init__.py runs it; here the test runs it and takes it out again afterwards)."""
+    from b12x_formats.spec import Codec
+
+    module = {"__name__": "b12x_formats.codecs.toy"}
+    exec(compile(_format_recipe(), "docs/architecture.md", "exec"), module)
+    try:
+        yield module["ToyInt8"]
+    finally:
+        Codec.registry.pop("TOY_INT8", None)
+
+
+def test_the_toy_format_round_trips_and_the_reference_linear_runs_it(toy_format):
+    assert bf.spec("toy_int8").name == "TOY_INT8"
+    rng = np.random.default_rng(47)
+    w = rng.standard_normal((2, 24, 40)).astype(np.float32)  # leading expert dimension too
+    qw = bf.quantize(w, "TOY_INT8")
+    assert qw.format == "TOY_INT8" and tuple(qw.shape) == (2, 24, 40)
+    assert qw.tensors["weight"].dtype == np.int8 and qw.tensors["weight_scale"].shape == (2, 24, 1)
+    w2 = bf.dequantize(qw)
+    assert np.all(np.abs(w2 - w) <= qw.tensors["weight_scale"] / 2 * (1 + 1e-6))  # half a step a weight
+    again = bf.QuantizedWeight.from_tensors("TOY_INT8", qw.tensors)
+    assert np.array_equal(bf.dequantize(again), w2)
+    with pytest.raises(ValueError, match="weight_scale"):
+        bf.QuantizedWeight.from_tensors("TOY_INT8", {**qw.tensors, "weight_scale": qw.tensors["weight_scale"][..., 0]})
+    assert bf.modelopt.layer_entry("TOY_INT8")["quant_algo"] == "TOY_INT8"
+
+    one = bf.quantize(w[0], "TOY_INT8")
+    lin = bc.prepare_linear(one, device="cpu", max_tokens=16)
+    text = bc.explain(lin)
+    assert "1-16 tokens -> reference" in text and "tensor_core: has no layout for TOY_INT8" in text
+    x = torch.from_numpy(rng.standard_normal((5, 40)).astype(np.float32)).to(torch.bfloat16)
+    want = (x.to(torch.float32) @ torch.from_numpy(bf.dequantize(one)).T).to(torch.bfloat16)
+    assert torch.equal(bc.linear(x, lin), want)
+
+
+def test_the_toy_format_is_gone_after_the_test():
+    with pytest.raises(ValueError):
+        bf.spec("TOY_INT8")
