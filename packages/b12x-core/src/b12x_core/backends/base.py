@@ -42,18 +42,16 @@ class DeviceInfo:
 
 
 def _kernels_reason() -> str:
-    try:
-        import b12x_kernels
-    except ImportError as err:
-        return f"b12x_kernels is not installed ({err})"
-    return b12x_kernels.unavailable_reason()
+    from .. import kernels
+
+    return kernels.unavailable_reason()
 
 
 def _triton_reason() -> str:
     try:
         import triton  # noqa: F401
 
-        from b12x_kernels import tiles  # noqa: F401
+        from ..kernels import tiles  # noqa: F401
     except ImportError as err:
         return f"Triton is not importable ({err})"
     return ""

@@ -20,7 +20,7 @@ import torch
 
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
-from .. import workspace
+from .. import kernels, workspace
 from ..tensor_core import geometry, layout
 from ..tensor_core.gemm import MmaConfig
 from ..weights import grid_table, sign_table
@@ -85,7 +85,7 @@ class DecodeGemm(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q = self.query
         xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
@@ -101,14 +101,13 @@ class DecodeGemm(Backend):
     def _decode_mma(self, w):
         """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows): the Triton pass,
         or for the formats in CUDA_PASS_FORMATS the CUDA one (the same bits)."""
-        import b12x_kernels
-        from b12x_kernels import mma_decode
+        from ..kernels import mma_decode
 
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
             if s.format in self.CUDA_PASS_FORMATS and w.is_cuda:  # the interpreter (CPU) runs Triton's
                 plan = s.plan(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
-                b12x_kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
+                kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
                 continue
             mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
                                       self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
@@ -188,7 +187,7 @@ class BlockScaledMM(Backend):
     def run(self, x2, bias, *, config):
         from torch.nn.functional import ScalingType, scaled_mm
 
-        from b12x_kernels import act_quant
+        from ..kernels import act_quant
 
         m, rows = x2.shape[0], _pad(x2.shape[0])
         codes, scales = workspace.carve(x2.device, self._specs(m))

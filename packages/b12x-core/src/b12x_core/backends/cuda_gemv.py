@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 
 from b12x_formats.kernel_facts import ELEMENT, GGML, format_id
-from b12x_kernels import interface
-from b12x_kernels.interface import GEMV_BUCKETS as BUCKETS  # the kernels' accumulator buckets (max_m)
 
-from .. import pdl, workspace
+from .. import kernels, pdl, workspace
+from ..kernels import interface
 from . import operands
 from .base import Backend, cuda_reason
+
+BUCKETS = interface.GEMV_BUCKETS  # the kernels' accumulator buckets (max_m)
 
 LAUNCH_TOKENS = BUCKETS[-1]
 ELEMENT_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static", "fp8_token", "fp8_group128")
@@ -78,8 +79,6 @@ class CudaGemv(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        import b12x_kernels
-
         q = self.query
         m = x2.shape[0]
         xv, x_scale = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
@@ -92,11 +91,11 @@ class CudaGemv(Backend):
             tokens = min(LAUNCH_TOKENS, m - start)
             x_row, y_row = xv[start].data_ptr(), y[start]
             if q.format in GGML:
-                b12x_kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
+                kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
                                        stream)  # fmt: skip
                 continue
             scale_ptr = 0 if x_scale is None else x_scale[start].data_ptr()
             for s, plan in zip(self.shards, plans, strict=True):  # each shard writes its columns of y (row stride N)
-                b12x_kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
+                kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
                                        y_row[s.row :].data_ptr(), tokens, stream)  # fmt: skip
         return y

@@ -38,7 +38,7 @@ def _static_scale(act_mode: str, input_scale: float | None) -> float:
 def fp8_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
     """-> (e4m3 codes [m, k] as float8_e4m3fn, per-token scale [m] or None, per-token×128 scale [m, ⌈k/128⌉] or
     None). fp8_static's scale is the caller's (per-tensor)."""
-    from b12x_kernels import act_quant
+    from ..kernels import act_quant
 
     m, k = x2.shape
     codes, row, groups = workspace.carve(x2.device, fp8_specs(act_mode, m, k))
@@ -84,7 +84,7 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
     bf16_specs (carved here when None)."""
     if act_mode == "bf16":
         return x2, None
-    from b12x_kernels import act_quant
+    from ..kernels import act_quant
 
     m, k = x2.shape
     buffers = buffers or workspace.carve(x2.device, bf16_specs(act_mode, m, k))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import crossover, workspace
+from .. import crossover, kernels, workspace
 from ..moe_blocks import block_table, decode_kernels, max_blocks, table_maker
 from ..tensor_core import experts, gemm, geometry, layout, wgmma
 from . import operands
@@ -161,8 +161,7 @@ class TensorCoreMoE(Backend):
     def _fuses(query, slots: int) -> bool:
         """Whether a call of `slots` token slots routes in its GEMMs and combines in the down GEMM (config "route":
         "gemm"): FUSES where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
-        from b12x_kernels import interface
-
+        interface = kernels.interface
         fits = slots <= interface.ROUTE_MAX_SLOTS and query.moe.experts <= interface.ROUTE_MAX_EXPERTS
         wanted = FUSES if FUSES is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
         return fits and wanted
@@ -275,7 +274,7 @@ class TensorCoreMoE(Backend):
         return w13, w2
 
     def run(self, x, topk_weights, topk_ids, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, shape = self.query, self.query.moe
         t, k = topk_ids.shape

@@ -42,14 +42,14 @@ def k_split(shape: MoEShape, device: DeviceInfo, tokens: int, cfg: dict, n: int,
     """Columns of K per split for a GEMM of n output columns over k: decode-sized calls (16-row blocks) touch
     few experts, so a launch of experts × column tiles leaves SMs idle; splitting K gives each SM about
     SPLIT_PROGRAMS_PER_SM programs. Prefill keeps K whole (its epilogue fuses the activation)."""
-    from b12x_kernels.tiles import BLOCK_K
+    from ..kernels import tiles
 
-    steps = -(-k // BLOCK_K)
+    steps = -(-k // tiles.BLOCK_K)
     if cfg["block_m"] > 16 or not split_k:
-        return steps * BLOCK_K
+        return steps * tiles.BLOCK_K
     programs = min(tokens * shape.top_k, shape.experts) * -(-n // cfg["block_n"])
     want = min(steps, max(1, -(-SPLIT_PROGRAMS_PER_SM * device.sms // programs)))
-    return -(-steps // want) * BLOCK_K
+    return -(-steps // want) * tiles.BLOCK_K
 
 
 def call_config(shape: MoEShape, device: DeviceInfo, tokens: int, decode: bool = True) -> dict:
@@ -106,7 +106,7 @@ class TritonMoE(Backend):
         return workspace.nbytes(scratch_specs(self.query.moe, tokens, config))
 
     def run(self, x, topk_weights, topk_ids, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, shape = self.query, self.query.moe
         t, k = topk_ids.shape

@@ -54,7 +54,7 @@ class TritonTiles(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, tw = self.query, self.stacked
         x2 = x2.contiguous()

@@ -17,7 +17,7 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 from b12x_formats.quantized import codec_for
 
-from .. import pdl
+from .. import kernels, pdl
 from . import geometry, layout
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tile, token_tiles
 
@@ -55,8 +55,7 @@ class MmaShard:
         row_scale = self.row_scale if row_scale is None else row_scale
         key = (config, ldy, epilogue, device_ptr(row_scale), top_k, x_quant, x_quant_scale)
         if key not in self.plans:
-            from b12x_kernels import interface
-
+            interface = kernels.interface
             self.plans[key] = interface.pack(
                 interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=device_ptr(self.meta),
                 meta2=device_ptr(self.meta2), block_scale=device_ptr(self.block_scale),
@@ -288,10 +287,8 @@ def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16, share:
 
 def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
     """CTAs that run at once: SMs × the kernel's CTAs per SM (occupancy of that format and token tile)."""
-    import b12x_kernels
-
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms * max(1, b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
+    return sms * max(1, kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
 
 
 @dataclass
@@ -323,8 +320,6 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
     form takes either `table`, (order, block table [3, blocks]) from b12x_core.moe_blocks, or `routed`, (ids int32
     [m], experts, blocks): each CTA finds its table block itself. `combine_w` (fp32 [m / k, k], the f32 epilogue,
     grouped): y bf16 [m / k, N] is the combine of the float32 slot rows (csrc/kernels.h MmaCall)."""
-    import b12x_kernels
-
     grouped = {}
     if table:
         order, blocks = table
@@ -334,7 +329,7 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
         grouped = dict(ids=ids.data_ptr(), experts=experts, blocks=blocks)
     if combine_w is not None:
         grouped.update(combine_w=combine_w.data_ptr(), combine_k=combine_w.shape[1])
-    b12x_kernels.mma_gemm(
+    kernels.mma_gemm(
         plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
         0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,

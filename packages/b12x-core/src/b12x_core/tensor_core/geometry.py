@@ -5,7 +5,14 @@ made of them (output tiles, split-K tickets, CTAs that run at once) are here, on
 
 from __future__ import annotations
 
-from b12x_kernels.interface import LANE_BYTES, QUAD, ROWS_PER_CTA, TILE_ROWS, TOKEN_TILES, chunk_k
+from b12x_formats.kernel_facts import format_id
+
+from .. import kernels
+from ..kernels import interface
+
+LANE_BYTES, QUAD = interface.LANE_BYTES, interface.QUAD
+TILE_ROWS, ROWS_PER_CTA = interface.TILE_ROWS, interface.ROWS_PER_CTA
+TOKEN_TILES, chunk_k = interface.TOKEN_TILES, interface.chunk_k
 
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
@@ -57,10 +64,7 @@ def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
     (also where that kernel does not fit the device: the extension answers 0)."""
     blocks = CONSERVATIVE_BLOCKS_PER_SM
     if kernels_run(query):
-        import b12x_kernels
-        from b12x_formats.kernel_facts import format_id
-
-        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1, tiles) or blocks
+        blocks = kernels.mma_blocks_per_sm(format_id(fmt), mt, 1, tiles) or blocks
     return query.device.sms * blocks
 
 
@@ -75,12 +79,9 @@ def smem_bytes(fmt: str, mt: int, tiles: int = FULL_HEIGHT, resident_rows: int =
     """The shared memory one CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles; rows held over the
     split's K where resident_rows) takes, static bound included; 0: no such kernel; None: the kernels are not at
     hand to say (b12x_kernels without its extension)."""
-    import b12x_kernels
-    from b12x_formats.kernel_facts import format_id
-
-    if b12x_kernels._C is None:
+    if not kernels.built():
         return None
-    need = b12x_kernels.mma_smem_bytes(format_id(fmt), mt, tiles, resident_rows, chunks_per_split)
+    need = kernels.mma_smem_bytes(format_id(fmt), mt, tiles, resident_rows, chunks_per_split)
     return need + STATIC_SMEM_BOUND if need else 0
 
 

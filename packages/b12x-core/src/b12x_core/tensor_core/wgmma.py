@@ -17,19 +17,22 @@ from __future__ import annotations
 import torch
 
 from b12x_formats.kernel_facts import SAME_LAYOUT
-from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a per-chunk fp32 factor, folded
-from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
-from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
-from b12x_kernels.interface import WGMMA_GROUPED_FACTOR_FORMATS as GROUPED_FACTOR_FORMATS  # IQ2, grouped too
-from b12x_kernels.interface import WGMMA_GROUPED_TOKEN_TILES as GROUPED_TOKEN_TILES  # the grouped form's
-from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
-from b12x_kernels.interface import WGMMA_WIDE_FORMATS as WIDE_FORMATS  # 256-row CTAs (wide_config)
-from b12x_kernels.interface import WGMMA_WIDE_TILES as WIDE_TILES
-from b12x_kernels.interface import WGMMA_WIDE_TOKEN_TILES as WIDE_TOKEN_TILES
-from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
+from .. import kernels
+from ..kernels import interface as _interface
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
+
+FACTOR_FORMATS = _interface.WGMMA_FACTOR_FORMATS  # a per-chunk fp32 factor, folded
+FACTOR_TOKEN_TILES = _interface.WGMMA_FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
+FORMATS = _interface.WGMMA_FORMATS  # its decodes need no per-chunk fp32 scale
+GROUPED_FACTOR_FORMATS = _interface.WGMMA_GROUPED_FACTOR_FORMATS  # IQ2, grouped too
+GROUPED_TOKEN_TILES = _interface.WGMMA_GROUPED_TOKEN_TILES  # the grouped form's
+TOKEN_TILES = _interface.WGMMA_TOKEN_TILES  # mt: 8·mt tokens per CTA
+WIDE_FORMATS = _interface.WGMMA_WIDE_FORMATS  # 256-row CTAs (wide_config)
+WIDE_TILES = _interface.WGMMA_WIDE_TILES
+WIDE_TOKEN_TILES = _interface.WGMMA_WIDE_TOKEN_TILES
+WS_TOKEN_TILES = _interface.WGMMA_WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_FORMATS", "GROUPED_TOKEN_TILES",
            "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES",
@@ -96,10 +99,9 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
     """CTAs that run at once: SMs × CTAs per SM (the kernel's occupancy where `measured`, else its launch bounds)."""
     blocks = CONSERVATIVE_BLOCKS[mt]
     if measured:
-        import b12x_kernels
         from b12x_formats.kernel_facts import format_id
 
-        blocks = b12x_kernels.wgmma_blocks_per_sm(format_id(fmt), mt) or blocks
+        blocks = kernels.wgmma_blocks_per_sm(format_id(fmt), mt) or blocks
     return sms * blocks
 
 
@@ -145,13 +147,11 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
            staged: torch.Tensor, stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
     """One call of a shard's `plan` (gemm.MmaShard.plan): m rows of x into y, as gemm.launch; `table`: the grouped
     form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
-    import b12x_kernels
-
     grouped = {}
     if table:
         order, blocks = table
         grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
-    b12x_kernels.wgmma_gemm(
+    kernels.wgmma_gemm(
         plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m, workspace.partials.data_ptr(),
         workspace.tickets.data_ptr(), staged.data_ptr(), stream, **grouped,
     )  # fmt: skip
