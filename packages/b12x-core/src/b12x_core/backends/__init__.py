@@ -3,7 +3,7 @@ plan). A new backend is one module with a `Backend` subclass and one line here; 
 
 from __future__ import annotations
 
-from .base import Backend, Config, DeviceInfo, MoEShape, Query
+from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
 from .cublas import BlockScaledMM, DecodeGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
@@ -39,4 +39,4 @@ def for_op(op: str) -> tuple[type[Backend], ...]:
     return tuple(cls for cls in REGISTRY if cls.op == op)
 
 
-__all__ = ["REGISTRY", "Backend", "Config", "DeviceInfo", "MoEShape", "Query", "for_op"]
+__all__ = ["REGISTRY", "Backend", "Config", "DeviceInfo", "MoEShape", "Overrides", "Query", "for_op"]

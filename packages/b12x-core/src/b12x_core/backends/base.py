@@ -90,6 +90,17 @@ class MoEShape:
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Settings a test or a benchmark forces on a plan where the plan's own rule decides otherwise (None: the rule).
+    They travel in the Query, so two plans built side by side can differ and nothing global changes; a plan that
+    prepare_* builds carries none."""
+
+    holds_rows: bool | None = None  # tensor_core_moe: 8-slot blocks hold their rows (on / off); None: the MoE table
+    fuses: bool | None = None  # tensor_core_moe: routing and combine inside the GEMMs (within the kernel's limits)
+    short_ctas: bool = True  # tensor_core_moe: 112- / 96-row grouped CTAs where no 128-row one fits the device
+
+
+@dataclass(frozen=True)
 class Query:
     """What a prepared op asks of the backends: the op, its weight and activation, shape and device."""
 
@@ -105,6 +116,7 @@ class Query:
     shard_rows: tuple[int, ...] = ()  # rows of each fused shard
     moe: MoEShape | None = field(default=None)
     shares_bytes: bool = False  # the weight's device bytes belong to another op (a tied LM head's embedding)
+    overrides: Overrides = Overrides()  # what a test or benchmark forces on the plan
 
     @property
     def on_cuda(self) -> bool:
