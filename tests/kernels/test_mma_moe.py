@@ -27,7 +27,7 @@ from b12x_core import workspace
 from b12x_core.backends import MoEShape, Overrides, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
 from b12x_core.tensor_core import experts as mma_experts
-from b12x_core.tensor_core import gemm
+from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
@@ -207,8 +207,6 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, ex
     """Held rows (Overrides.holds_rows on): a configuration holds a GEMM's block rows only at 8-slot blocks and only
     where 8 rows over its split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's
     kernel quantizes the mode; forced off, no configuration holds or quantizes anything."""
-    from b12x_core.tensor_core import geometry
-
     for fmt, act in (("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")):
         shape = MoEShape(experts=experts, hidden=hidden, intermediate=inter, top_k=top_k, activation="silu",
                          w13_order="gate_up", act_mode_2=act, w2_format=fmt)  # fmt: skip
@@ -225,7 +223,7 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, ex
                 split_k = -(-chunks // config["splits"][i]) * geometry.chunk_k(fmt)
                 fits = min(last * top_k, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
                 assert config["held"][i] == fits, (last, config)
-                in_kernel = fits and fmt in gemm.X_QUANT_FORMATS.get(mode, ())
+                in_kernel = fits and fmt in geometry.MMA.x_quant_formats.get(mode, ())
                 assert config["x_quant"][i] == (mode if in_kernel else "none")
 
 
@@ -325,17 +323,17 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
 
 
 def test_kernel_entry_quantizes_held_activations_only_for_the_pairs_it_has():
-    """x_quant: every weight format × activation mode outside gemm.X_QUANT_FORMATS is refused before any CUDA
+    """x_quant: every weight format × activation mode outside geometry.MMA.x_quant_formats is refused before any CUDA
     call (the pairs inside it are the GPU test's, test_mma_gemm.py)."""
     import b12x_kernels
-    from b12x_core.tensor_core import gemm, geometry
+    from b12x_core.tensor_core import geometry
     from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
     for fmt in mma_layout.FORMATS:
         for mode in interface.X_QUANTS[1:]:
-            if format_id(fmt) in {format_id(f) for f in gemm.X_QUANT_FORMATS[mode]}:
+            if format_id(fmt) in {format_id(f) for f in geometry.MMA.x_quant_formats[mode]}:
                 continue  # the kernel goes by the format's number: W4A16_NVFP4 runs NVFP4's
             plan = fake_plans.mma_plan(format=format_id(fmt), meta2=FAKE, block_scale=FAKE, tables=FAKE, K=256,
                                        chunks=256 // geometry.chunk_k(fmt), resident=1,
@@ -383,7 +381,7 @@ def test_gpu_held_rows_give_the_staged_bits(rng, fmt, act_format, t):
     staged = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=False)).for_tokens(t)
     held = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=True)).for_tokens(t)
     assert held.config["held"] == (True, True) and "held" not in staged.config
-    quantized = act_format != "bf16" and fmt in gemm.X_QUANT_FORMATS.get(p.act_mode_13, ())
+    quantized = act_format != "bf16" and fmt in geometry.MMA.x_quant_formats.get(p.act_mode_13, ())
     assert held.config["x_quant"][0] == (p.act_mode_13 if quantized else "none")
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))
@@ -449,8 +447,6 @@ def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, holds, t, h):
     """IQ2_XS's MoE planned for an SM12x GPU's 99 KB a block (Overrides.short_ctas, on by default): both GEMMs in 112-row
     CTAs at 8-slot blocks, run on this GPU as SM12x's proxy: against the reference on the weights the kernels
     multiply, deterministic, and within the tolerance of the 128-row CTAs' result (the K splits may differ)."""
-    from b12x_core.tensor_core import geometry
-
     if geometry.fitting_heights("IQ2_XS", 99 * 1024)[:1] == (geometry.FULL_HEIGHT,):
         pytest.skip("this build's IQ2_XS 128-row CTA fits 99 KB (B12X_IQ2_REPLICAS): no short CTAs to plan")
     x, w13, w2, weights, ids = problem(rng, "IQ2_XS", "bf16", "silu", e=8, h=h, inter=256, t=t, top_k=2)

@@ -47,11 +47,9 @@ class DecodeGemm(Backend):
     reads = ("checkpoint", "mma")
     # Formats whose decode from the tensor-core layout runs the CUDA pass on a GPU (b12x_kernels.mma_dequantize: the
     # GEMM's decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one
-    # (same bits). docs/performance.md, 2026-12-04 (twenty-fourth session). Its IQ2 decode (the checkpoint decode's
-    # arithmetic, not the GEMM's) was written after that session's device time was spent: not listed until it has
-    # run (tests/kernels/test_mma_decode.py, benchmarks/decode_pass.py --programs 16x1x4,cuda).
-    # W4A16_NVFP4 holds NVFP4's bytes (the same kernel; its bit-for-bit GPU test ran with the others).
-    CUDA_PASS_FORMATS: tuple[str, ...] = ("NVFP4", "W4A16_NVFP4", "MXFP4", "FP8", "MXFP8", "FP8_BLOCK", "Q8_0")
+    # (same bits): the family's (MMA.dequantize_formats). `python benchmarks/decode_pass.py --programs 16x1x4,cuda`
+    # times both passes.
+    CUDA_PASS_FORMATS: tuple[str, ...] = geometry.MMA.dequantize_formats
 
     @classmethod
     def can_implement(cls, q):

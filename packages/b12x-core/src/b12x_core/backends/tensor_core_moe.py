@@ -13,7 +13,7 @@ per GEMM over every touched expert.
   tile combines its columns (a ticket each). With held rows that quantize in the kernel a call is two launches.
 - Held rows: at 8-slot blocks each GEMM can hold its block's gathered rows over its split's K in shared memory (the
   dense path's resident form), and then quantizes them there for the modes its format pairs with
-  (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
+  (MMA.x_quant_formats), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
 - Short CTAs: where a format's 128-row CTA does not fit the device's shared memory a block (SM12x's 99 KB and
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import crossover, kernels, workspace
+from .. import crossover, workspace
 from ..moe_blocks import block_table, decode_kernels, max_blocks, table_maker
 from ..tensor_core import experts, gemm, geometry, layout, wgmma
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
-MODES = ("bf16", "mxfp8", "nvfp4")
+MODES = geometry.MMA.grouped_act_modes
 # The MoE table's name for this backend's times with held rows at 8-slot blocks (call_config's "held" and
 # "x_quant"; benchmarks/moe.py measures it as a candidate beside the staged times). Measured on the H200 (2026-12-04,
 # docs/performance.md) it is mixed: 3-5% faster where it saves the quantize passes (MXFP4 x mxfp8), 1-4% slower with
@@ -155,8 +155,7 @@ class TensorCoreMoE(Backend):
     def _fuses(query, slots: int) -> bool:
         """Whether a call of `slots` token slots routes in its GEMMs and combines in the down GEMM (config "route":
         "gemm"): Overrides.fuses where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
-        interface = kernels.interface
-        fits = slots <= interface.ROUTE_MAX_SLOTS and query.moe.experts <= interface.ROUTE_MAX_EXPERTS
+        fits = slots <= geometry.MMA.route_max_slots and query.moe.experts <= geometry.MMA.route_max_experts
         forced = query.overrides.fuses
         wanted = forced if forced is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
         return fits and wanted

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import workspace
+from .. import kernels, workspace
 from ..moe_blocks import block_table, decode_kernels, table_maker
 from . import operands
 from .base import Backend, DeviceInfo, MoEShape, config_ranges, cuda_reason
@@ -86,6 +86,10 @@ class TritonMoE(Backend):
 
     @classmethod
     def can_implement(cls, q):
+        family = kernels.interface.MOE_TILES
+        for fmt, mode in ((q.format, q.act_mode), (q.moe.w2_format, q.moe.act_mode_2)):
+            if fmt not in family.formats or mode not in family.act_modes:
+                return False, f"has no Triton decode of {fmt} × {mode} (interface.MOE_TILES)"
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why

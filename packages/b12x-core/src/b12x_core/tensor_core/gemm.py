@@ -173,25 +173,13 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     return config
 
 
-# The activation modes the resident kernel quantizes where it holds the rows (x_quant), and the weight formats whose
-# kernels do (csrc/mma_gemm.cuh x_quantizes: the pairs the plans make); the extension refuses the others.
-X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
-                   "nvfp4": frozenset({"NVFP4"})}  # fmt: skip
-
-
-# Resident activations (MmaConfig.resident) against the staged ones, same run (H200, 2026-12-03, mma_linear.py
-# --resident-ab --per-linear, docs/performance.md), since dead token rows read row 0 instead of a per-group select:
-# at one token every format's every 8B and 70B linear is as fast or faster (the 8B layer: NVFP4 73.6 -> 68.0 us,
-# Q8_0 104.0 -> 97.1, IQ2_XXS 79.0 -> 75.7, FP8 98.7 -> 87.9; the 70B: 3-14% a layer, FP8_BLOCK even). At 2-8
-# tokens the gain shrinks and turns with the CTAs an SM holds (70B gate_up: -15% to +19% by format and tokens), so
-# only FP8 and MXFP8, whose decode is the lightest and which gained most (the 8B layer at four tokens 105.7 -> 95.0),
-# keep them past one token. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
-# A quantized activation mode the kernel quantizes where it holds the rows (X_QUANT_FORMATS) saves the operand pass
-# only when held, so its pairs hold them at 2-8 tokens too. Measured on the H200 (2026-12-04, mma_linear.py
-# --x-quant-ab --per-linear: the operand pass + staged rows against rows quantized where held, same run), the 8B
-# layer at 2 / 4 / 8 tokens: NVFP4 x mxfp8 84.0 / 84.8 / 88.3 -> 72.7 / 76.2 / 82.6 us, MXFP4 x mxfp8 80.9 / 81.5 /
-# 85.3 -> 70.9 / 73.5 / 80.0, NVFP4 x nvfp4 86.3 / 86.8 / 89.7 -> 76.9 / 83.9 / 90.3; the 70B layer 2-15% faster at
-# 2 and 4 tokens, within 1% at 8 (nvfp4 +0.9%, one linear +8%: the staged rows' CTAs an SM start to count there).
+# Resident activations (MmaConfig.resident): dead token rows read row 0 instead of a per-group select, and no CTA
+# barrier a stage. At one token every format's linears ran as fast or faster resident than staged. At 2-8 tokens the
+# gain shrinks and turns with the CTAs an SM holds, so only FP8 and MXFP8, whose decode is the lightest, keep them
+# past one token. A quantized activation mode the kernel quantizes where it holds the rows (MMA.x_quant_formats) saves
+# the operand pass only when held, so its pairs hold them at 2-8 tokens too. Held rows stay within what was measured:
+# 4 tokens over a 4096-wide K, 32 KB. Re-measured by `python benchmarks/mma_linear.py --model 8b --per-linear
+# --resident-ab` (staged against resident) and `--x-quant-ab` (operand pass against in-kernel quantization).
 RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
@@ -200,8 +188,8 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
                    smem_limit: int = 0) -> bool:  # fmt: skip
     """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
     tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS and for the pairs the kernel
-    quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16, and
-    its CTA within the device's shared memory a block (`smem_limit` bytes; 0: not checked)."""
+    quantizes (`act_mode` in MMA.x_quant_formats), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16,
+    and its CTA within the device's shared memory a block (`smem_limit` bytes; 0: not checked)."""
     past_one = fmt in RESIDENT_FORMATS or quantizes(fmt, act_mode)
     if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
@@ -211,8 +199,8 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
 
 
 def quantizes(fmt: str, act_mode: str) -> bool:
-    """Whether `fmt`'s resident kernel quantizes `act_mode` activations itself (X_QUANT_FORMATS)."""
-    return fmt in X_QUANT_FORMATS.get(act_mode, ())
+    """Whether `fmt`'s resident kernel quantizes `act_mode` activations itself (MMA.x_quant_formats)."""
+    return fmt in geometry.MMA.x_quant_formats.get(act_mode, ())
 
 
 def held_rows_fit(fmt: str, rows: int, chunks: int, splits: int) -> bool:

@@ -10,19 +10,20 @@ from b12x_formats.kernel_facts import format_id
 from .. import kernels
 from ..kernels import interface
 
+MMA = interface.MMA  # the family's capability model
 LANE_BYTES, QUAD = interface.LANE_BYTES, interface.QUAD
 TILE_ROWS, ROWS_PER_CTA = interface.TILE_ROWS, interface.ROWS_PER_CTA
-TOKEN_TILES, chunk_k = interface.TOKEN_TILES, interface.chunk_k
+TOKEN_TILES, chunk_k = MMA.token_tiles, interface.chunk_k
 
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
 # The kernel's static __shared__ arrays (its row maps, warp sums and flags: about 300 bytes) count against the same
 # per-block limit as the dynamic shared memory b12x_kernels.mma_smem_bytes gives.
 STATIC_SMEM_BOUND = 1024
-FULL_HEIGHT = ROWS_PER_CTA // TILE_ROWS  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
-CTA_HEIGHTS = (FULL_HEIGHT, 7, 6)  # or 7 / 6 at one-token tiles of one row tile a warp (csrc with_kernel)
+CTA_HEIGHTS = MMA.cta_heights  # tallest first: 128 rows, or 112 / 96 at one-token tiles of one row tile a warp
+FULL_HEIGHT = CTA_HEIGHTS[0]  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
 
-__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "QUAD", "ROWS_PER_CTA",
+__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "MMA", "QUAD", "ROWS_PER_CTA",
            "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile",
            "kernels_run", "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
            "token_tile", "token_tiles"]  # fmt: skip
