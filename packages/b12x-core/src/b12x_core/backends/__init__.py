@@ -23,8 +23,9 @@ REGISTRY: tuple[type[Backend], ...] = (
     TritonTiles,
     TensorCoreWgmma,  # after the others: chosen only where measurements (crossover.json) say it is faster
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
-    # proxy): on the H200 it ran 1.03-7.2x the Triton MoE at every measured token count, format and shape
-    # (crossover.json, 2026-12-04). The Triton MoE runs what it cannot (no CUDA extension, the interpreter).
+    # proxy): on SM90 it ran faster than the Triton MoE at every measured token count, format and shape
+    # (crossover.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what
+    # it cannot (no CUDA extension, the interpreter).
     TensorCoreMoE,
     TritonMoE,
     TensorCoreMoEWgmma,  # after the others: chosen only where the measured MoE table says it is faster

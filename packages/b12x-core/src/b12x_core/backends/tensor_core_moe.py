@@ -41,21 +41,19 @@ from .base import Backend, config_ranges, cuda_reason
 
 MODES = geometry.MMA.grouped_act_modes
 # The MoE table's name for this backend's times with held rows at 8-slot blocks (call_config's "held" and
-# "x_quant"; benchmarks/moe.py measures it as a candidate beside the staged times). Measured on the H200 (2026-12-04,
-# docs/performance.md) it is mixed: 3-5% faster where it saves the quantize passes (MXFP4 x mxfp8), 1-4% slower with
-# bf16 activations (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
+# "x_quant"; `python benchmarks/moe.py --backends tensor_core_moe,tensor_core_moe+held` measures it beside the staged
+# times). It is mixed, faster where it saves the quantize passes (MXFP4 x mxfp8), slower with bf16 activations
+# (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
 HELD = "tensor_core_moe+held"
-# A GEMM splits K only where its busy output tiles fill less than this share of the SMs. Measured on the H200
-# (benchmarks/moe_splits.py, 2026-12-04, docs/performance.md): with 92-180 busy tiles on 132 SMs (Qwen3-30B-A3B- and
-# gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every point, and the even-wave
-# splits cost up to 14% (Qwen3-like MXFP4 at 4 tokens: 60.0 against 52.0 us): the block table's experts already
-# spread the GEMM over the SMs, and each split adds partial sums and their reduction.
+# A GEMM splits K only where its busy output tiles fill less than this share of the SMs: with 92-180 busy tiles on
+# 132 SMs (Qwen3-30B-A3B- and gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every
+# point, and the even-wave splits cost up to 14%: the block table's experts already spread the GEMM over the SMs,
+# and each split adds partial sums and their reduction. `python benchmarks/moe_splits.py` times every split pair.
 SPLIT_BELOW_SMS = 0.5
 # The routing table and the combine inside the GEMMs up to this many token slots: each CTA then ranks the slots
 # itself and one CTA an output tile sums its tokens, work that grows with the slots while the two launches it saves
-# do not. Measured on the H200 (benchmarks/moe.py, @unfused A/B, 2026-12-04, docs/performance.md): 4-6 µs faster at
-# 4-8 slots (one token), 1-4 µs at 16-32 (four tokens), 2-9% slower at 64 (gpt-oss-like, 16 tokens) and 128 (Qwen3-
-# like, 16 tokens).
+# do not: faster at 4-32 slots (one and four tokens), slower at 64 and 128 (16 tokens of the gpt-oss- and Qwen3-like
+# layers). `python benchmarks/moe.py --ts 1,4,16 --backends tensor_core_moe,tensor_core_moe@unfused` re-measures it.
 FUSED_MAX_SLOTS = 32
 
 
@@ -313,7 +311,7 @@ class TensorCoreMoE(Backend):
 
 class TensorCoreMoEWgmma(TensorCoreMoE):
     """The fused MoE on the Hopper form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, grouped;
-    csrc/wgmma_gemm.cu), issue 22's grouped warpgroup GEMM for prefill-sized calls: the same expert stacks (one
+    csrc/wgmma_gemm.cu), the grouped warpgroup GEMM for prefill-sized calls: the same expert stacks (one
     copy: experts.of), block table, epilogues and combine as TensorCoreMoE, each table block's 32-128 slots one
     expert's as the warpgroup MMA's N, the weights decoded in registers as its A operand. Each GEMM stages its
     activations in the MMA's operand order first (wgmma.staged_bytes), so it is two launches.

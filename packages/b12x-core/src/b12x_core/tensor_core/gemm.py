@@ -137,9 +137,9 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, m
 
 
 # At one-token tiles (mt = 1) each CTA streams its weights latency-bound, so two CTAs an SM read as fast as the
-# kernel's full occupancy (3-4) does, and each further K split only adds partials to write and sum. Measured on the
-# H200 (Llama-3.1-8B linears at M = 1 and 4, every split timed, docs/performance.md 2026-12-02): the best splits
-# filled about two CTAs an SM, 10-20% faster than filling the occupancy (gate_up NVFP4: 1 split, not 7).
+# kernel's full occupancy (3-4) does, and each further K split only adds partials to write and sum: on the 8B
+# linears at 1 and 4 tokens the best splits filled about two CTAs an SM, faster than filling the occupancy.
+# `python benchmarks/mma_linear.py --model 8b --ms 1,4 --sweep` times every split beside the default.
 STREAMING_CTAS_PER_SM = 2
 
 
@@ -215,11 +215,9 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16,
     """At one-token tiles, the CTA height (6, 7 or 8 row tiles) and K split that give the busiest SM the least work
     when one wave of STREAMING_CTAS_PER_SM CTAs an SM holds every CTA — row tiles × chunks on the SM with the most
     CTAs. 8B gate_up (1792 row tiles, 32 chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256
-    CTAs of 7 put 2 × 7 × 32. Measured (H200, 2026-12-03, the 8B layer at one token): 1.5-3.5% faster than
-    streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%); for IQ2_XS / IQ2_XXS 1% slower
-    while each CTA waited on its shared-table fill, 1-2% faster since the fill overlaps the weights (8B and 70B
-    layers at one and four tokens, docs/performance.md). `heights`: the CTA heights that fit the device
-    (geometry.fitting_heights)."""
+    CTAs of 7 put 2 × 7 × 32. Every format ran faster so than with streaming_split's 128-row CTAs on the 8B and 70B
+    layers at one and four tokens (`python benchmarks/mma_linear.py --ms 1,4 --balance-ab` re-measures it).
+    `heights`: the CTA heights that fit the device (geometry.fitting_heights)."""
     mt = token_tile(m)
     if mt != 1:
         return MmaConfig(mt, 1)
@@ -241,8 +239,8 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16,
 def split_share(fmt: str, m: int, k: int) -> float:
     """What one more K split costs beside the weights: its fp32 partials of m rows (written, then read back by the
     reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row): independent of N; grows
-    with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials took 33 µs of
-    gate_up's 124 (the H200, 2026-12-02: 91 µs unsplit; docs/performance.md)."""
+    with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials cost a quarter of
+    gate_up's time (`python benchmarks/mma_linear.py --model 8b --ms 128 --sweep` times each split)."""
     from b12x_formats.quantized import codec_for
 
     return 8.0 * m / (k * codec_for(fmt).spec.bits_per_weight / 8)
