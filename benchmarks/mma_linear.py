@@ -53,7 +53,7 @@ FORMATS = "IQ2_XXS,IQ2_XS,NVFP4,MXFP4,Q8_0,MXFP8,FP8,FP8_BLOCK"
 MS = "1,2,4,8,16,32,64,128,256,512,1024"
 # --x-quant-ab: the checkpoint input_scale of each quantized activation mode, for randn activations (fp8 static:
 # codes up to about ±250; nvfp4: an input_scale for |x| up to about 5). The modes a format pairs with are
-# gemm.X_QUANT_FORMATS'.
+# geometry.MMA.x_quant_formats'.
 X_QUANT_INPUT_SCALES = {"fp8_static": 0.02, "mxfp8": None, "nvfp4": 5.0 / (448 * 6)}
 
 
@@ -233,7 +233,7 @@ def main() -> None:
                     flabel = "toggled " + " ".join(config_label(c) for c in flipped)
                     results.append((timed(flipped), flabel, per_linear(flipped) if args.per_linear else None))
                 if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
-                    for mode in [mode for mode, formats in gemm.X_QUANT_FORMATS.items() if fmt in formats]:
+                    for mode in [mode for mode, formats in geometry.MMA.x_quant_formats.items() if fmt in formats]:
                         # in the kernel: the mode's own defaults (held past one token where holds_resident says so)
                         held = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, fmt=fmt, act_mode=mode,
                                                     share=gemm.split_share(fmt, m, s.k))

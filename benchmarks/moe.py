@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import time
 import unittest.mock
@@ -39,18 +40,18 @@ from decode_linear import copy_bandwidth, device_facts, random_weight, reuse_rep
 import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import backends, crossover, moe_blocks, plan
-from b12x_core.backends import tensor_core_moe
+from b12x_core.backends import Overrides, tensor_core_moe
 from b12x_core.moe import MOE_FORMATS
 from b12x_core.weights import DeviceWeights, as_shards
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
 TOLERANCE = 1.15  # the plan check: dispatched within this of the fastest backend on the plan's weight copy
 BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
-# This --backends name times tensor_core_moe with its block rows held (tensor_core_moe.HOLDS_ROWS on); the table
+# This --backends name times tensor_core_moe with its block rows held (Overrides.holds_rows on); the table
 # then holds those times under it, and tensor_core_moe holds the rows at the token counts where they are faster.
 HELD = tensor_core_moe.HELD
 LOOSE = "@loose"  # a backend name's suffix: the same backend with the block tables' old size (backend_moe)
-UNFUSED = "@unfused"  # a suffix: tensor_core_moe with the table and the combine launched apart (FUSES off)
+UNFUSED = "@unfused"  # a suffix: tensor_core_moe with the table and the combine launched apart (Overrides.fuses off)
 
 
 def bf16_grouped_moe(x, weights, ids, w13_t, w2_t, inter):
@@ -103,9 +104,9 @@ def loose_tables():
 
 def backend_moe(p, w13, w2, name: str):
     """-> call(x, weights, ids): bc.moe for "auto", else the named backend alone over p's query and weights
-    (tensor_core_moe with its rows staged, HELD with them held: HOLDS_ROWS forced while the plan is built; a name
+    (tensor_core_moe with its rows staged, HELD with them held: Overrides.holds_rows in the plan's query; a name
     ending "@loose" runs it with the block tables' old size, ⌈T·k / R⌉ + E, one ending "@unfused" with the routing
-    table and the combine in launches of their own (tensor_core_moe.FUSES off): A/Bs the table leaves out)."""
+    table and the combine in launches of their own (Overrides.fuses off): A/Bs the table leaves out)."""
     if name == "auto":
         return lambda x, weights, ids: bc.moe(x, weights, ids, p)
     unfused = name.endswith(UNFUSED)
@@ -116,10 +117,10 @@ def backend_moe(p, w13, w2, name: str):
     if not ok:
         raise bc.UnsupportedError(f"{name}: {why}")
     weights = device_weights(p, w13, w2)
-    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", base == HELD), \
-            unittest.mock.patch.object(tensor_core_moe, "FUSES", False if unfused else None), \
-            loose_tables() if loose else contextlib.nullcontext():  # fmt: skip
-        alone = plan.build(p.plan.query, weights, only=cls)
+    forced = Overrides(holds_rows=base == HELD, fuses=False if unfused else None)
+    query = dataclasses.replace(p.plan.query, overrides=forced)
+    with loose_tables() if loose else contextlib.nullcontext():
+        alone = plan.build(query, weights, only=cls)
     if not loose:
         return lambda x, weights, ids: alone.for_tokens(x.shape[0]).run(x, weights, ids)
 

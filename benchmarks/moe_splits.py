@@ -13,9 +13,9 @@ best pair printed beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
-import unittest.mock
 
 import torch
 from decode_linear import device_facts, random_weight, reuse_repacks, time_graph
@@ -23,7 +23,7 @@ from moe import SHAPES, device_weights, with_input_scale
 
 import b12x_core as bc
 from b12x_core import backends, plan, workspace
-from b12x_core.backends import tensor_core_moe
+from b12x_core.backends import Overrides
 from b12x_core.tensor_core import geometry
 
 
@@ -37,10 +37,10 @@ def time_splits(cls, query, copies, x, weights, ids, rule: dict, pair: tuple[int
     """µs of one call of T = len(x) tokens with the K splits `pair` and the rest of the plan's configuration `rule`
     (held rows as it has them, their fit re-checked for these splits)."""
     t, k = ids.shape
-    with unittest.mock.patch.object(tensor_core_moe, "HOLDS_ROWS", "held" in rule):
-        config = {**cls.call_config(query, t), "splits": pair}
-        if "held" in rule:
-            config.update(cls._held(query, t * k, list(pair)))
+    query = dataclasses.replace(query, overrides=Overrides(holds_rows="held" in rule))
+    config = {**cls.call_config(query, t), "splits": pair}
+    if "held" in rule:
+        config.update(cls._held(query, t * k, list(pair), cls._height(query)))
     backends_alone = [p.for_tokens(t).backend for p in copies]
     for backend in backends_alone:
         backend.reserve([(1, t, config)])

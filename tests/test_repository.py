@@ -219,3 +219,29 @@ def test_experiment_switches_are_defined_in_no_shipped_build():
                 elif line.strip().startswith(f"#define {switch}"):
                     guarded = i > 0 and lines[i - 1].strip() == f"#ifndef {switch}"
                     assert guarded, f"{path.name}:{i + 1} defines the experiment {switch} (an A/B's edit landed?)"
+
+
+def _kernel_imports_of(path: Path) -> list[str]:
+    """Every import of b12x_kernels in a Python file (function-level ones too), as written."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "b12x_kernels"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "b12x_kernels":
+            found.append(node.module)
+    return found
+
+
+def test_core_reaches_the_kernels_through_one_module():
+    """b12x_core.kernels is the only module of b12x_core that imports b12x_kernels: what core asks of the device
+    code (bindings, argument blocks, families' capability models, Triton modules) is listed in one place."""
+    adapter = CORE / "b12x_core" / "kernels.py"
+    assert _kernel_imports_of(adapter)
+    others = {
+        str(path.relative_to(CORE)): found
+        for path in (CORE / "b12x_core").rglob("*.py")
+        if path != adapter and (found := _kernel_imports_of(path))
+    }
+    assert others == {}

@@ -15,7 +15,7 @@ import torch
 import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import backends, crossover, plan
-from b12x_core.backends import Backend, DeviceInfo, Query
+from b12x_core.backends import Backend, DeviceInfo, Overrides, Query
 
 H200 = DeviceInfo(torch.device("cuda", 0), (9, 0), sms=132, smem_kb=227)
 SM120 = DeviceInfo(torch.device("cuda", 0), (12, 0), sms=170, smem_kb=99, block_scaled_mm="not verified here")
@@ -446,22 +446,20 @@ def test_tensor_core_ctas_fit_the_shared_memory_of_sm12x_and_sm90_plans_are_unch
 
 @pytest.mark.parametrize("short_ctas", [False, True], ids=["128-row CTAs", "short CTAs"])
 @pytest.mark.parametrize("fmt", ["MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "Q8_0"])
-def test_the_tensor_core_moe_on_sm12x_fits_its_shared_memory_or_leaves_the_layer_to_triton(fmt, short_ctas,
-                                                                                           monkeypatch):  # fmt: skip
+def test_the_tensor_core_moe_on_sm12x_fits_its_shared_memory_or_leaves_the_layer_to_triton(fmt, short_ctas):
     """On an RTX 5090 the grouped GEMM's 128-row CTAs must fit 99 KB: IQ2_XS's do not even at 8-slot tiles (its grid
     and sign tables take 40 KB), so the tensor-core MoE says why and the Triton MoE runs the layer, unless its short
-    CTAs are on (tensor_core_moe.SHORT_CTAS): then 112- or 96-row CTAs at 8-slot blocks, every one within 99 KB with
-    its held rows. The others run every token count with 128-row CTAs that fit either way; on the H200 the switch
+    CTAs are on (Overrides.short_ctas, the default): then 112- or 96-row CTAs at 8-slot blocks, every one within 99 KB
+    with its held rows. The others run every token count with 128-row CTAs that fit either way; on the H200 the switch
     changes no row."""
-    from b12x_core.backends import tensor_core_moe
     from b12x_core.backends.tensor_core_moe import TensorCoreMoE
     from b12x_core.tensor_core import geometry
 
     pytest.importorskip("b12x_kernels._C", reason="the kernels count their own shared memory")
+    forced = Overrides(short_ctas=short_ctas)
     h200 = TensorCoreMoE.configs(moe_query(fmt, H200), 1, 4096)
-    monkeypatch.setattr(tensor_core_moe, "SHORT_CTAS", short_ctas)
-    assert TensorCoreMoE.configs(moe_query(fmt, H200), 1, 4096) == h200
-    q = moe_query(fmt, SM120)
+    assert TensorCoreMoE.configs(dataclasses.replace(moe_query(fmt, H200), overrides=forced), 1, 4096) == h200
+    q = dataclasses.replace(moe_query(fmt, SM120), overrides=forced)
     able, why = TensorCoreMoE.can_implement(q)
     full = geometry.smem_bytes(fmt, 1, geometry.FULL_HEIGHT) <= 99 * 1024
     if not full and not short_ctas:
@@ -471,8 +469,8 @@ def test_the_tensor_core_moe_on_sm12x_fits_its_shared_memory_or_leaves_the_layer
     assert able, why
     assert {d.backend.name for d in plan.choose(q, entries=())[2]} == {"tensor_core_moe"}
     chunks = -(-q.k // geometry.chunk_k(fmt))
-    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)  # held rows where they fit too
-    for _, last, config in TensorCoreMoE.configs(q, 1, 4096):
+    holding = dataclasses.replace(q, overrides=Overrides(holds_rows=True, short_ctas=short_ctas))  # where they fit too
+    for _, last, config in TensorCoreMoE.configs(holding, 1, 4096):
         assert ("rows" in config) == (not full), config
         if not full:
             assert config["tokens"] == 8 and config["rows"] < geometry.ROWS_PER_CTA

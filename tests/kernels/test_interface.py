@@ -62,3 +62,25 @@ def test_core_geometry_is_the_kernels():
         else:  # one 16-byte load per lane, four lanes per row: a 16-row tile's chunk is 1 KB of codes
             bits = 4 if spec.bits_per_weight < 8 else 8
             assert ck * bits // 8 * interface.TILE_ROWS == 1024
+
+
+def test_each_family_declares_its_facts_once_and_core_reads_them():
+    """The families' capability models (interface.FAMILIES) name real formats, activation modes and argument blocks,
+    and b12x_core reads them rather than keeping copies: the same objects, not equal tuples."""
+    from b12x_core.activations import MODES
+    from b12x_core.backends import cublas, cuda_gemv, tensor_core_moe
+    from b12x_core.tensor_core import layout
+
+    for family in interface.FAMILIES:
+        assert family.formats and set(family.formats) <= set(bf.FORMATS), family.name
+        assert family.act_modes and set(family.act_modes) <= set(MODES) == set(interface.ACT_MODES), family.name
+        assert family.args is None or family.args in interface.BLOCKS, family.name
+    mma = interface.MMA
+    assert set(mma.x_quant_formats) <= set(interface.X_QUANTS[1:])
+    assert all(set(formats) <= set(mma.formats) for formats in mma.x_quant_formats.values())
+    assert set(mma.dequantize_formats) <= set(mma.formats) and set(mma.grouped_act_modes) <= set(mma.act_modes)
+    assert layout.FORMATS is mma.formats and geometry.TOKEN_TILES is mma.token_tiles
+    assert geometry.CTA_HEIGHTS is mma.cta_heights and geometry.FULL_HEIGHT == interface.TILES_PER_CTA
+    assert tensor_core_moe.MODES is mma.grouped_act_modes
+    assert cublas.DecodeGemm.CUDA_PASS_FORMATS is mma.dequantize_formats
+    assert cuda_gemv.BUCKETS is interface.GEMV_ELEM.token_tiles == interface.GEMV_GGML.token_tiles

@@ -134,7 +134,7 @@ def _held_values_oracle(x, mode, scale):
 
 
 @pytest.mark.parametrize(
-    "fmt,mode", sorted((fmt, mode) for mode, formats in gemm.X_QUANT_FORMATS.items() for fmt in formats)
+    "fmt,mode", sorted((fmt, mode) for mode, formats in geometry.MMA.x_quant_formats.items() for fmt in formats)
 )
 def test_activations_quantized_where_held(rng, fmt, mode):
     """x_quant (resident configurations; the plans pass it there): the kernel quantizes the rows it holds as the

@@ -24,10 +24,10 @@ from mma_emulator import effective_weight
 import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import workspace
-from b12x_core.backends import MoEShape, Query
+from b12x_core.backends import MoEShape, Overrides, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
 from b12x_core.tensor_core import experts as mma_experts
-from b12x_core.tensor_core import gemm
+from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
@@ -203,21 +203,18 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_tiles(
 @pytest.mark.parametrize(
     "top_k,experts,hidden,inter", [(8, 128, 2048, 768), (4, 128, 2880, 2880), (8, 256, 7168, 2048)]
 )
-def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypatch, top_k, experts, hidden, inter):
-    """Held rows (HOLDS_ROWS forced on): a configuration holds a GEMM's block rows only at 8-slot blocks and only
+def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, experts, hidden, inter):
+    """Held rows (Overrides.holds_rows on): a configuration holds a GEMM's block rows only at 8-slot blocks and only
     where 8 rows over its split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's
     kernel quantizes the mode; forced off, no configuration holds or quantizes anything."""
-    from b12x_core.backends import tensor_core_moe
-    from b12x_core.tensor_core import geometry
-
     for fmt, act in (("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")):
         shape = MoEShape(experts=experts, hidden=hidden, intermediate=inter, top_k=top_k, activation="silu",
                          w13_order="gate_up", act_mode_2=act, w2_format=fmt)  # fmt: skip
         q = Query("moe", fmt, act, act, H200, n=2 * inter, k=hidden, max_tokens=4096, moe=shape)
-        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
-        assert all("held" not in c for _, _, c in TensorCoreMoE.configs(q, 1, 4096))
-        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
-        for _, last, config in TensorCoreMoE.configs(q, 1, 4096):
+        off = dataclasses.replace(q, overrides=Overrides(holds_rows=False))
+        assert all("held" not in c for _, _, c in TensorCoreMoE.configs(off, 1, 4096))
+        on = dataclasses.replace(q, overrides=Overrides(holds_rows=True))
+        for _, last, config in TensorCoreMoE.configs(on, 1, 4096):
             if config["tokens"] != 8:
                 assert "held" not in config
                 continue
@@ -226,13 +223,13 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(monkeypat
                 split_k = -(-chunks // config["splits"][i]) * geometry.chunk_k(fmt)
                 fits = min(last * top_k, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
                 assert config["held"][i] == fits, (last, config)
-                in_kernel = fits and fmt in gemm.X_QUANT_FORMATS.get(mode, ())
+                in_kernel = fits and fmt in geometry.MMA.x_quant_formats.get(mode, ())
                 assert config["x_quant"][i] == (mode if in_kernel else "none")
 
 
 @pytest.mark.parametrize("held_faster_at", [(1,), (1, 2), (4, 8), ()])
 def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_faster_at):
-    """Unforced (HOLDS_ROWS None), a token count holds its block rows exactly where the MoE table has
+    """Unforced (Overrides.holds_rows None), a token count holds its block rows exactly where the MoE table has
     tensor_core_moe.HELD faster than the staged tensor_core_moe at that count; with no entry, nowhere."""
     from b12x_core import crossover
     from b12x_core.backends import tensor_core_moe
@@ -245,7 +242,6 @@ def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_fa
     held = tuple(t + (-3.0 if m in held_faster_at else 3.0) for m, t in zip(ms, staged, strict=True))
     entry = crossover.Entry((9, 0), "MXFP4", "mxfp8", crossover.shape_class(1536, 2048), ms,
                             {"tensor_core_moe": staged, tensor_core_moe.HELD: held}, "test", op="moe")  # fmt: skip
-    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", None)
     monkeypatch.setattr(crossover, "load", lambda *_: (entry,))
     for m in ms:
         assert ("held" in TensorCoreMoE.call_config(q, m)) == (m in held_faster_at), m
@@ -327,17 +323,17 @@ def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, wh
 
 
 def test_kernel_entry_quantizes_held_activations_only_for_the_pairs_it_has():
-    """x_quant: every weight format × activation mode outside gemm.X_QUANT_FORMATS is refused before any CUDA
+    """x_quant: every weight format × activation mode outside geometry.MMA.x_quant_formats is refused before any CUDA
     call (the pairs inside it are the GPU test's, test_mma_gemm.py)."""
     import b12x_kernels
-    from b12x_core.tensor_core import gemm, geometry
+    from b12x_core.tensor_core import geometry
     from b12x_kernels import interface
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
     for fmt in mma_layout.FORMATS:
         for mode in interface.X_QUANTS[1:]:
-            if format_id(fmt) in {format_id(f) for f in gemm.X_QUANT_FORMATS[mode]}:
+            if format_id(fmt) in {format_id(f) for f in geometry.MMA.x_quant_formats[mode]}:
                 continue  # the kernel goes by the format's number: W4A16_NVFP4 runs NVFP4's
             plan = fake_plans.mma_plan(format=format_id(fmt), meta2=FAKE, block_scale=FAKE, tables=FAKE, K=256,
                                        chunks=256 // geometry.chunk_k(fmt), resident=1,
@@ -374,22 +370,18 @@ def test_gpu_tensor_core_moe_matches_reference(rng, fmt, act_format, activation,
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act_format", CASES, ids=str)
 @pytest.mark.parametrize("t", [1, 3])  # 2 and 6 slots: blocks of one slot, and of several
-def test_gpu_held_rows_give_the_staged_bits(rng, monkeypatch, fmt, act_format, t):
-    """Held rows (HOLDS_ROWS forced on): 8-slot blocks hold each GEMM's gathered rows (quantized in the kernel for the
+def test_gpu_held_rows_give_the_staged_bits(rng, fmt, act_format, t):
+    """Held rows (Overrides.holds_rows on): 8-slot blocks hold each GEMM's gathered rows (quantized in the kernel for the
     pairs it has) and give the same bits as the staged kernels (forced off) after the operand passes, on the same
     prepared weights."""
-    from b12x_core.backends import tensor_core_moe
-
     inter = 256 if bf.spec(fmt).packing == "ggml" else 192
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, "silu", e=8, h=512, inter=inter, t=t, top_k=2)
     kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format=act_format)
     p = prepared_on_cuda(w13, w2, **kw)
-    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", False)
-    staged = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
-    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", True)
-    held = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+    staged = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=False)).for_tokens(t)
+    held = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=True)).for_tokens(t)
     assert held.config["held"] == (True, True) and "held" not in staged.config
-    quantized = act_format != "bf16" and fmt in gemm.X_QUANT_FORMATS.get(p.act_mode_13, ())
+    quantized = act_format != "bf16" and fmt in geometry.MMA.x_quant_formats.get(p.act_mode_13, ())
     assert held.config["x_quant"][0] == (p.act_mode_13 if quantized else "none")
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     workspace.poison(torch.device("cuda"))
@@ -398,7 +390,7 @@ def test_gpu_held_rows_give_the_staged_bits(rng, monkeypatch, fmt, act_format, t
     assert torch.equal(held.run(x, weights, ids), y)  # deterministic
 
 
-def test_fused_routing_and_combine_only_for_decode_sized_calls(monkeypatch):
+def test_fused_routing_and_combine_only_for_decode_sized_calls():
     """Up to FUSED_MAX_SLOTS slots a call routes in its GEMMs and combines in the down GEMM (route "gemm"), past it
     the table is made apart; forced off, never; forced on, up to the kernel's routing limits. The tickets the plan
     reserves cover the down GEMM's output tiles wherever a row is fused."""
@@ -408,7 +400,7 @@ def test_fused_routing_and_combine_only_for_decode_sized_calls(monkeypatch):
     for top_k, n_experts, hidden in ((8, 128, 2048), (4, 128, 2880), (8, 1025, 2048)):
         query = _query(H200, 4096, top_k=top_k, experts=n_experts, hidden=hidden, intermediate=768)
         for fuses in (None, False, True):
-            monkeypatch.setattr(tensor_core_moe, "FUSES", fuses)
+            query = dataclasses.replace(query, overrides=Overrides(fuses=fuses))
             rows = TensorCoreMoE.configs(query, 1, 4096)
             for first, last, config in rows:
                 for t in (first, last):
@@ -425,13 +417,10 @@ def test_fused_routing_and_combine_only_for_decode_sized_calls(monkeypatch):
                                                       ("MXFP4", "mxfp8", 300, 128, 64)])  # fmt: skip
 @pytest.mark.parametrize("t,routing", [(1, "random"), (1, "one expert"), (3, "random"), (16, "one expert"),
                                        (16, "random"), (64, "random")])  # fmt: skip
-def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, fmt, act_format, e, h, inter, t,
-                                                             routing):  # fmt: skip
-    """Routed in the GEMMs and combined in the down GEMM (FUSES on) against the table and the combine launched apart
+def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, fmt, act_format, e, h, inter, t, routing):
+    """Routed in the GEMMs and combined in the down GEMM (Overrides.fuses on) against the table and the combine launched apart
     (off): the same bits, for random routing and for every slot on one expert (several blocks of one expert, idle
     CTAs taking their tickets), over more experts than a CTA has threads (300), held rows and staged."""
-    from b12x_core.backends import tensor_core_moe
-
     x, w13, w2, weights, ids = problem(rng, fmt, act_format, "silu", e=e, h=h, inter=inter, t=t, top_k=2)
     if routing == "one expert":
         ids = torch.full_like(ids, int(rng.integers(0, e)))
@@ -439,11 +428,9 @@ def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, f
     p = prepared_on_cuda(w13, w2, **kw)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     for holds in (False, True):
-        monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", holds)
-        monkeypatch.setattr(tensor_core_moe, "FUSES", False)
-        apart = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
-        monkeypatch.setattr(tensor_core_moe, "FUSES", True)
-        fused = alone(p, w13, w2, backend=TensorCoreMoE).for_tokens(t)
+        apart = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=holds, fuses=False))
+        fused = alone(p, w13, w2, backend=TensorCoreMoE, overrides=Overrides(holds_rows=holds, fuses=True))
+        apart, fused = apart.for_tokens(t), fused.for_tokens(t)
         assert fused.config["route"] == "gemm" and apart.config["route"] != "gemm"
         workspace.poison(torch.device("cuda"))
         y = fused.run(x, weights, ids)
@@ -456,23 +443,19 @@ def test_gpu_fused_routing_and_combine_give_the_unfused_bits(rng, monkeypatch, f
 # fused routing and combine (2, 6 slots), the table and the combine apart (64 tokens), and a gate/up GEMM whose 8 K
 # chunks the plan splits over 10 output tiles of 112 rows (the split-K tickets counted by the CTA's rows)
 @pytest.mark.parametrize("t,h", [(1, 512), (3, 512), (64, 512), (1, 2048)])
-def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, monkeypatch, holds, t, h):
-    """IQ2_XS's MoE planned for an SM12x GPU's 99 KB a block (tensor_core_moe.SHORT_CTAS on): both GEMMs in 112-row
+def test_gpu_short_ctas_planned_for_sm12x_match_reference(rng, holds, t, h):
+    """IQ2_XS's MoE planned for an SM12x GPU's 99 KB a block (Overrides.short_ctas, on by default): both GEMMs in 112-row
     CTAs at 8-slot blocks, run on this GPU as SM12x's proxy: against the reference on the weights the kernels
     multiply, deterministic, and within the tolerance of the 128-row CTAs' result (the K splits may differ)."""
-    from b12x_core.backends import tensor_core_moe
-    from b12x_core.tensor_core import geometry
-
     if geometry.fitting_heights("IQ2_XS", 99 * 1024)[:1] == (geometry.FULL_HEIGHT,):
         pytest.skip("this build's IQ2_XS 128-row CTA fits 99 KB (B12X_IQ2_REPLICAS): no short CTAs to plan")
     x, w13, w2, weights, ids = problem(rng, "IQ2_XS", "bf16", "silu", e=8, h=h, inter=256, t=t, top_k=2)
     kw = dict(activation="silu", w13_order="gate_up", max_tokens=t, top_k=2, act_format="bf16")
     p = prepared_on_cuda(w13, w2, **kw)
-    monkeypatch.setattr(tensor_core_moe, "SHORT_CTAS", True)
-    monkeypatch.setattr(tensor_core_moe, "HOLDS_ROWS", holds)
+    forced = Overrides(holds_rows=holds, short_ctas=True)
     sm12x = dataclasses.replace(p.plan.query.device, smem_kb=99)
-    short = alone(p, w13, w2, device_info=sm12x, backend=TensorCoreMoE)
-    full = alone(p, w13, w2, backend=TensorCoreMoE)
+    short = alone(p, w13, w2, device_info=sm12x, backend=TensorCoreMoE, overrides=forced)
+    full = alone(p, w13, w2, backend=TensorCoreMoE, overrides=forced)
     row = short.for_tokens(t)
     assert row.config["rows"] < 128 and "rows" not in full.for_tokens(t).config
     assert (row.config["splits"][0] > 1) == (h == 2048)

@@ -204,10 +204,11 @@ def prepared_on_cuda(w13, w2, **kw):
         return bc.prepare_moe(w13, w2, device="cuda", **kw)
 
 
-def alone(p, w13, w2, device_info=None, backend=TritonMoE):
+def alone(p, w13, w2, device_info=None, backend=TritonMoE, overrides=None):
     """A plan of one MoE backend (the Triton one unless told) alone for a prepared MoE's query (on
-    `device_info`: another device's SM count and shared memory), unwarmed."""
+    `device_info`: another device's SM count and shared memory; with `overrides`, a backends.Overrides), unwarmed."""
     query = p.plan.query if device_info is None else dataclasses.replace(p.plan.query, device=device_info)
+    query = query if overrides is None else dataclasses.replace(query, overrides=overrides)
     weights = (DeviceWeights(as_shards(w13), p.act_mode_13, p.input_scale_13, p.device),
                DeviceWeights([w2], p.act_mode_2, p.input_scale_2, p.device))  # fmt: skip
     return plan.build(query, weights, only=backend, warm=False)

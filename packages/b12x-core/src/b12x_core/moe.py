@@ -44,7 +44,7 @@ def run_route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple
     """On CUDA with Triton: one fused launch (b12x_kernels.topk_route), the same ids and weights within float32
     rounding as the reference, which runs everywhere else (and past the kernel's MAX_EXPERTS, where no model is)."""
     if logits.device.type == "cuda" and not DeviceInfo.of(logits.device).triton:
-        from b12x_kernels import topk_route
+        from .kernels import topk_route
 
         if logits.shape[1] <= topk_route.MAX_EXPERTS:
             t = logits.shape[0]

@@ -26,7 +26,7 @@ def decode_kernels() -> bool:
 def table_maker(slots: int, decode: bool) -> str:
     """Who makes the block table of a call routing `slots` token slots: "kernel" (one Triton launch, up to
     moe_route.MAX_SLOTS slots, unless `decode` is off) or "torch"."""
-    from b12x_kernels import moe_route
+    from .kernels import moe_route
 
     return "kernel" if decode and slots <= moe_route.MAX_SLOTS else "torch"
 
@@ -44,7 +44,7 @@ def block_table(ids: torch.Tensor, experts: int, rows_per_block: int, route: str
     """-> (sorted slot indices int32 [T·k], blocks int32 [3, n]: per block its expert (−1: idle), first sorted
     position and slot count), on device: one Triton launch (route "kernel", up to moe_route.MAX_SLOTS slots) or
     torch ops (a parallel sort)."""
-    from b12x_kernels import moe_route
+    from .kernels import moe_route
 
     if route == "torch":
         return block_table_torch(ids, experts, rows_per_block)

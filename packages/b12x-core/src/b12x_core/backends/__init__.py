@@ -3,7 +3,7 @@ plan). A new backend is one module with a `Backend` subclass and one line here; 
 
 from __future__ import annotations
 
-from .base import Backend, Config, DeviceInfo, MoEShape, Query
+from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
 from .cublas import BlockScaledMM, DecodeGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
@@ -23,8 +23,9 @@ REGISTRY: tuple[type[Backend], ...] = (
     TritonTiles,
     TensorCoreWgmma,  # after the others: chosen only where measurements (crossover.json) say it is faster
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
-    # proxy): on the H200 it ran 1.03-7.2x the Triton MoE at every measured token count, format and shape
-    # (crossover.json, 2026-12-04). The Triton MoE runs what it cannot (no CUDA extension, the interpreter).
+    # proxy): on SM90 it ran faster than the Triton MoE at every measured token count, format and shape
+    # (crossover.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what
+    # it cannot (no CUDA extension, the interpreter).
     TensorCoreMoE,
     TritonMoE,
     TensorCoreMoEWgmma,  # after the others: chosen only where the measured MoE table says it is faster
@@ -39,4 +40,4 @@ def for_op(op: str) -> tuple[type[Backend], ...]:
     return tuple(cls for cls in REGISTRY if cls.op == op)
 
 
-__all__ = ["REGISTRY", "Backend", "Config", "DeviceInfo", "MoEShape", "Query", "for_op"]
+__all__ = ["REGISTRY", "Backend", "Config", "DeviceInfo", "MoEShape", "Overrides", "Query", "for_op"]

@@ -42,18 +42,16 @@ class DeviceInfo:
 
 
 def _kernels_reason() -> str:
-    try:
-        import b12x_kernels
-    except ImportError as err:
-        return f"b12x_kernels is not installed ({err})"
-    return b12x_kernels.unavailable_reason()
+    from .. import kernels
+
+    return kernels.unavailable_reason()
 
 
 def _triton_reason() -> str:
     try:
         import triton  # noqa: F401
 
-        from b12x_kernels import tiles  # noqa: F401
+        from ..kernels import tiles  # noqa: F401
     except ImportError as err:
         return f"Triton is not importable ({err})"
     return ""
@@ -92,6 +90,17 @@ class MoEShape:
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Settings a test or a benchmark forces on a plan where the plan's own rule decides otherwise (None: the rule).
+    They travel in the Query, so two plans built side by side can differ and nothing global changes; a plan that
+    prepare_* builds carries none."""
+
+    holds_rows: bool | None = None  # tensor_core_moe: 8-slot blocks hold their rows (on / off); None: the MoE table
+    fuses: bool | None = None  # tensor_core_moe: routing and combine inside the GEMMs (within the kernel's limits)
+    short_ctas: bool = True  # tensor_core_moe: 112- / 96-row grouped CTAs where no 128-row one fits the device
+
+
+@dataclass(frozen=True)
 class Query:
     """What a prepared op asks of the backends: the op, its weight and activation, shape and device."""
 
@@ -107,6 +116,7 @@ class Query:
     shard_rows: tuple[int, ...] = ()  # rows of each fused shard
     moe: MoEShape | None = field(default=None)
     shares_bytes: bool = False  # the weight's device bytes belong to another op (a tied LM head's embedding)
+    overrides: Overrides = Overrides()  # what a test or benchmark forces on the plan
 
     @property
     def on_cuda(self) -> bool:

@@ -20,7 +20,7 @@ import torch
 
 from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 
-from .. import workspace
+from .. import kernels, workspace
 from ..tensor_core import geometry, layout
 from ..tensor_core.gemm import MmaConfig
 from ..weights import grid_table, sign_table
@@ -47,11 +47,9 @@ class DecodeGemm(Backend):
     reads = ("checkpoint", "mma")
     # Formats whose decode from the tensor-core layout runs the CUDA pass on a GPU (b12x_kernels.mma_dequantize: the
     # GEMM's decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one
-    # (same bits). docs/performance.md, 2026-12-04 (twenty-fourth session). Its IQ2 decode (the checkpoint decode's
-    # arithmetic, not the GEMM's) was written after that session's device time was spent: not listed until it has
-    # run (tests/kernels/test_mma_decode.py, benchmarks/decode_pass.py --programs 16x1x4,cuda).
-    # W4A16_NVFP4 holds NVFP4's bytes (the same kernel; its bit-for-bit GPU test ran with the others).
-    CUDA_PASS_FORMATS: tuple[str, ...] = ("NVFP4", "W4A16_NVFP4", "MXFP4", "FP8", "MXFP8", "FP8_BLOCK", "Q8_0")
+    # (same bits): the family's (MMA.dequantize_formats). `python benchmarks/decode_pass.py --programs 16x1x4,cuda`
+    # times both passes.
+    CUDA_PASS_FORMATS: tuple[str, ...] = geometry.MMA.dequantize_formats
 
     @classmethod
     def can_implement(cls, q):
@@ -85,7 +83,7 @@ class DecodeGemm(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q = self.query
         xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
@@ -101,14 +99,13 @@ class DecodeGemm(Backend):
     def _decode_mma(self, w):
         """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows): the Triton pass,
         or for the formats in CUDA_PASS_FORMATS the CUDA one (the same bits)."""
-        import b12x_kernels
-        from b12x_kernels import mma_decode
+        from ..kernels import mma_decode
 
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
             if s.format in self.CUDA_PASS_FORMATS and w.is_cuda:  # the interpreter (CPU) runs Triton's
                 plan = s.plan(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
-                b12x_kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
+                kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
                 continue
             mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
                                       self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
@@ -188,7 +185,7 @@ class BlockScaledMM(Backend):
     def run(self, x2, bias, *, config):
         from torch.nn.functional import ScalingType, scaled_mm
 
-        from b12x_kernels import act_quant
+        from ..kernels import act_quant
 
         m, rows = x2.shape[0], _pad(x2.shape[0])
         codes, scales = workspace.carve(x2.device, self._specs(m))

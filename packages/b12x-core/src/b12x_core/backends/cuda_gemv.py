@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from b12x_formats.kernel_facts import ELEMENT, GGML, format_id
-from b12x_kernels import interface
-from b12x_kernels.interface import GEMV_BUCKETS as BUCKETS  # the kernels' accumulator buckets (max_m)
+from b12x_formats.kernel_facts import format_id
 
-from .. import pdl, workspace
+from .. import kernels, pdl, workspace
+from ..kernels import interface
 from . import operands
 from .base import Backend, cuda_reason
 
+GGML_GEMV, ELEM_GEMV = interface.GEMV_GGML, interface.GEMV_ELEM  # the two kernels' capability models
+BUCKETS = ELEM_GEMV.token_tiles  # the kernels' accumulator buckets (max_m)
 LAUNCH_TOKENS = BUCKETS[-1]
-ELEMENT_MODES = ("bf16", "mxfp8", "nvfp4", "fp8_static", "fp8_token", "fp8_group128")
 
 
 def bucket(tokens: int) -> int:
@@ -33,11 +33,11 @@ class CudaGemv(Backend):
 
     @classmethod
     def can_implement(cls, q):
-        if q.format in GGML:
-            if q.act_mode != "bf16":
+        if q.format in GGML_GEMV.formats:
+            if q.act_mode not in GGML_GEMV.act_modes:
                 return False, f"runs GGML formats with bf16 activations, not {q.format} × {q.act_mode}"
-        elif q.format not in ELEMENT or q.act_mode not in ELEMENT_MODES:
-            return False, f"runs {q.format} × {', '.join(ELEMENT_MODES)}; not {q.act_mode}"
+        elif q.format not in ELEM_GEMV.formats or q.act_mode not in ELEM_GEMV.act_modes:
+            return False, f"runs {q.format} × {', '.join(ELEM_GEMV.act_modes)}; not {q.act_mode}"
         elif q.k % 8:
             return False, f"needs K % 8 == 0, K is {q.k}"
         why = cuda_reason(q)
@@ -50,7 +50,7 @@ class CudaGemv(Backend):
         q = query
         # The kernels' argument blocks per accumulator bucket (and row shard): a call passes only x, y and m.
         launch_pdl = pdl.enabled()
-        if q.format in GGML:
+        if q.format in GGML_GEMV.formats:
             self.blocks, grid = weights.ggml_blocks, weights.stacked.grid
             self.plans = {b: interface.pack(interface.GemvGgmlPlan, format=format_id(q.format),
                                             w=self.blocks.data_ptr(), grid=0 if grid is None else grid.data_ptr(),
@@ -78,8 +78,6 @@ class CudaGemv(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        import b12x_kernels
-
         q = self.query
         m = x2.shape[0]
         xv, x_scale = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
@@ -91,12 +89,12 @@ class CudaGemv(Backend):
         for start in range(0, m, LAUNCH_TOKENS):
             tokens = min(LAUNCH_TOKENS, m - start)
             x_row, y_row = xv[start].data_ptr(), y[start]
-            if q.format in GGML:
-                b12x_kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
+            if q.format in GGML_GEMV.formats:
+                kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
                                        stream)  # fmt: skip
                 continue
             scale_ptr = 0 if x_scale is None else x_scale[start].data_ptr()
             for s, plan in zip(self.shards, plans, strict=True):  # each shard writes its columns of y (row stride N)
-                b12x_kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
+                kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
                                        y_row[s.row :].data_ptr(), tokens, stream)  # fmt: skip
         return y

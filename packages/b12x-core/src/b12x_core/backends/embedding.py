@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from .base import Backend, cuda_reason
 
 
@@ -18,12 +19,10 @@ class CudaEmbeddingQ8_0(Backend):
         return (False, why) if why else (True, "CUDA Q8_0 row gather")
 
     def run(self, ids, *, config):
-        import b12x_kernels
-
         emb = self.weights
         flat = ids.reshape(-1).contiguous()
         out = torch.empty(flat.numel(), emb.hidden, dtype=torch.bfloat16, device=ids.device)
-        b12x_kernels.embedding_q8_0(
+        kernels.embedding_q8_0(
             emb.blocks.data_ptr(), flat.data_ptr(), flat.dtype == torch.int64, out.data_ptr(), flat.numel(), emb.vocab,
             emb.hidden, torch.cuda.current_stream(ids.device).cuda_stream,
         )  # fmt: skip

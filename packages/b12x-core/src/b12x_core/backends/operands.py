@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import workspace
+from .. import kernels, workspace
 from .base import cuda_reason
 
 FP8_MODES = ("fp8_static", "fp8_token", "fp8_group128")
@@ -38,7 +38,7 @@ def _static_scale(act_mode: str, input_scale: float | None) -> float:
 def fp8_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None):
     """-> (e4m3 codes [m, k] as float8_e4m3fn, per-token scale [m] or None, per-token×128 scale [m, ⌈k/128⌉] or
     None). fp8_static's scale is the caller's (per-tensor)."""
-    from b12x_kernels import act_quant
+    from ..kernels import act_quant
 
     m, k = x2.shape
     codes, row, groups = workspace.carve(x2.device, fp8_specs(act_mode, m, k))
@@ -84,7 +84,7 @@ def bf16_operands(x2: torch.Tensor, act_mode: str, input_scale: float | None, bu
     bf16_specs (carved here when None)."""
     if act_mode == "bf16":
         return x2, None
-    from b12x_kernels import act_quant
+    from ..kernels import act_quant
 
     m, k = x2.shape
     buffers = buffers or workspace.carve(x2.device, bf16_specs(act_mode, m, k))
@@ -100,8 +100,9 @@ def mma_layout_reason(q) -> str:
     """Why a GEMM on the repacked "mma" layout (tensor_core, and its Hopper form tensor_core_wgmma) cannot run `q`
     beyond its format list, or "" when it can: bf16-exact activations, 16-byte activation pieces, its own copy of
     the weight, a CUDA device with the kernels."""
-    if q.act_mode not in BF16_EXACT_MODES:
-        return f"needs bf16-exact activations ({', '.join(BF16_EXACT_MODES)}), not {q.act_mode}"
+    modes = kernels.interface.MMA.act_modes
+    if q.act_mode not in modes:
+        return f"needs bf16-exact activations ({', '.join(modes)}), not {q.act_mode}"
     if q.k % 8:
         return f"stages activations in 16-byte pieces: needs K % 8 == 0, K is {q.k}"
     if q.shares_bytes:

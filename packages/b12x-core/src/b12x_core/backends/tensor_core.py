@@ -22,20 +22,15 @@ from . import operands
 from .base import Backend, config_ranges
 from .operands import mma_layout_reason
 
-MODES = operands.BF16_EXACT_MODES
-# Activation modes the resident kernel quantizes where it holds the rows (MmaPlan::x_quant, gemm.run's x_quant)
-# instead of a separate operand pass (b12x_kernels.act_quant, one launch a linear). Measured on the H200
-# (2026-12-04, mma_linear.py --x-quant-ab --per-linear, the same configurations both ways, docs/performance.md): on
-# every 8B and 70B linear at one and four tokens the kernel's own quantization was as fast or faster (0.77-1.02 a
-# linear; the 8B layer at one token FP8 x fp8 static 101.5 -> 86.3 us, MXFP4 x mxfp8 73.5 -> 65.8, NVFP4 x nvfp4
-# 77.6 -> 69.4), so every pair the kernels quantize does it where the rows are held.
-IN_KERNEL_QUANT: frozenset[str] = frozenset(gemm.X_QUANT_FORMATS)
 
-
+# Every pair the kernels quantize (MMA.x_quant_formats) does it where the rows are held, instead of a separate
+# operand pass (b12x_kernels.act_quant, one launch a linear): on every 8B and 70B linear at one and four tokens the
+# kernel's own quantization ran as fast or faster (`python benchmarks/mma_linear.py --per-linear --x-quant-ab`
+# re-measures it, the same configurations both ways).
 def quantizes_in_kernel(fmt: str, act_mode: str, config: gemm.MmaConfig) -> bool:
     """Whether a call under `config` quantizes its activations inside the kernel instead of an operand pass first:
-    resident configurations of the pairs the kernels quantize (gemm.X_QUANT_FORMATS)."""
-    return config.resident and act_mode in IN_KERNEL_QUANT and gemm.quantizes(fmt, act_mode)
+    resident configurations of the pairs the kernels quantize (MMA.x_quant_formats)."""
+    return config.resident and gemm.quantizes(fmt, act_mode)
 
 
 class TensorCoreGemm(Backend):

@@ -13,11 +13,14 @@ per GEMM over every touched expert.
   tile combines its columns (a ticket each). With held rows that quantize in the kernel a call is two launches.
 - Held rows: at 8-slot blocks each GEMM can hold its block's gathered rows over its split's K in shared memory (the
   dense path's resident form), and then quantizes them there for the modes its format pairs with
-  (gemm.X_QUANT_FORMATS), with no operand pass. A token count holds them where the measured MoE table has this
+  (MMA.x_quant_formats), with no operand pass. A token count holds them where the measured MoE table has this
   backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
-- Short CTAs (SHORT_CTAS): where a format's 128-row CTA does not fit the device's shared memory a block (SM12x:
-  IQ2_XS), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows").
+- Short CTAs: where a format's 128-row CTA does not fit the device's shared memory a block (SM12x's 99 KB and
+  IQ2_XS's 40 KB of grid and sign tables), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows")
+  instead of leaving the layer to the Triton MoE; tests/kernels/test_mma_moe.py holds them to the reference, planned
+  as an SM12x on an SM90 GPU. SM90's 227 KB fits every 128-row CTA, so its plans never take them.
+  (`Overrides.short_ctas` off: the 128-row CTAs only.)
 
 TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
 
@@ -36,35 +39,22 @@ from ..tensor_core import experts, gemm, geometry, layout, wgmma
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
-MODES = ("bf16", "mxfp8", "nvfp4")
+MODES = geometry.MMA.grouped_act_modes
 # The MoE table's name for this backend's times with held rows at 8-slot blocks (call_config's "held" and
-# "x_quant"; benchmarks/moe.py measures it as a candidate beside the staged times). Measured on the H200 (2026-12-04,
-# docs/performance.md) it is mixed: 3-5% faster where it saves the quantize passes (MXFP4 x mxfp8), 1-4% slower with
-# bf16 activations (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
+# "x_quant"; `python benchmarks/moe.py --backends tensor_core_moe,tensor_core_moe+held` measures it beside the staged
+# times). It is mixed, faster where it saves the quantize passes (MXFP4 x mxfp8), slower with bf16 activations
+# (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
 HELD = "tensor_core_moe+held"
-# A GEMM splits K only where its busy output tiles fill less than this share of the SMs. Measured on the H200
-# (benchmarks/moe_splits.py, 2026-12-04, docs/performance.md): with 92-180 busy tiles on 132 SMs (Qwen3-30B-A3B- and
-# gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every point, and the even-wave
-# splits cost up to 14% (Qwen3-like MXFP4 at 4 tokens: 60.0 against 52.0 us): the block table's experts already
-# spread the GEMM over the SMs, and each split adds partial sums and their reduction.
+# A GEMM splits K only where its busy output tiles fill less than this share of the SMs: with 92-180 busy tiles on
+# 132 SMs (Qwen3-30B-A3B- and gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every
+# point, and the even-wave splits cost up to 14%: the block table's experts already spread the GEMM over the SMs,
+# and each split adds partial sums and their reduction. `python benchmarks/moe_splits.py` times every split pair.
 SPLIT_BELOW_SMS = 0.5
-# True / False forces held rows on / off (tests, and moe.py while it times each form); None: the table decides.
-HOLDS_ROWS: bool | None = None
 # The routing table and the combine inside the GEMMs up to this many token slots: each CTA then ranks the slots
 # itself and one CTA an output tile sums its tokens, work that grows with the slots while the two launches it saves
-# do not. Measured on the H200 (benchmarks/moe.py, @unfused A/B, 2026-12-04, docs/performance.md): 4-6 µs faster at
-# 4-8 slots (one token), 1-4 µs at 16-32 (four tokens), 2-9% slower at 64 (gpt-oss-like, 16 tokens) and 128 (Qwen3-
-# like, 16 tokens).
+# do not: faster at 4-32 slots (one and four tokens), slower at 64 and 128 (16 tokens of the gpt-oss- and Qwen3-like
+# layers). `python benchmarks/moe.py --ts 1,4,16 --backends tensor_core_moe,tensor_core_moe@unfused` re-measures it.
 FUSED_MAX_SLOTS = 32
-# True / False forces the fused form on (within the kernel's routing limits) / off (tests, moe.py's A/B); None: up to
-# FUSED_MAX_SLOTS.
-FUSES: bool | None = None
-# Grouped CTAs of 7 or 6 row tiles (112 / 96 rows: the kernel's short forms, one-token tiles) where no 128-row CTA of
-# a GEMM's format fits the device's shared memory a block: SM12x's 99 KB and IQ2_XS's 40 KB of tables, whose MoE
-# then runs 8-slot blocks here instead of the Triton MoE. On since the H200, planning as an SM12x, held those kernels
-# to the reference (tests/kernels/test_mma_moe.py, every case passed on 2026-12-05); the H200's own plans never take
-# them (its 227 KB fits every 128-row CTA).
-SHORT_CTAS = True
 
 
 def _rows13(shape) -> int:
@@ -91,7 +81,7 @@ class TensorCoreMoE(Backend):
         if shape.hidden % 8 or shape.intermediate % 8:
             return False, "stages activations in 16-byte pieces: needs H % 8 == 0 and I % 8 == 0"
         why = cuda_reason(q, triton=True)
-        shortest = min(geometry.CTA_HEIGHTS) if SHORT_CTAS else geometry.FULL_HEIGHT
+        shortest = min(geometry.CTA_HEIGHTS) if q.overrides.short_ctas else geometry.FULL_HEIGHT
         for fmt in (q.format, shape.w2_format):  # SM12x's 99 KB: IQ2_XS's 128-row grouped CTA does not fit
             why = why or geometry.smem_reason(q, fmt, shortest)
         if why:
@@ -139,11 +129,13 @@ class TensorCoreMoE(Backend):
     @staticmethod
     def _height(query) -> int:
         """Row tiles a CTA of both GEMMs: 8 (128 rows) where that fits the device's shared memory a block at
-        one-token tiles, else (SHORT_CTAS) the tallest short form that does; can_implement refuses the rest."""
+        one-token tiles, else (Overrides.short_ctas) the tallest short form that does; can_implement refuses the
+        rest."""
         limit = geometry.smem_limit(query)
         down = geometry.fitting_heights(query.moe.w2_format, limit)
         heights = [h for h in geometry.fitting_heights(query.format, limit) if h in down]
-        return heights[0] if heights and (SHORT_CTAS or heights[0] == geometry.FULL_HEIGHT) else geometry.FULL_HEIGHT
+        short = query.overrides.short_ctas
+        return heights[0] if heights and (short or heights[0] == geometry.FULL_HEIGHT) else geometry.FULL_HEIGHT
 
     @staticmethod
     def _token_tile(query, per_expert: int) -> int:
@@ -160,19 +152,19 @@ class TensorCoreMoE(Backend):
     @staticmethod
     def _fuses(query, slots: int) -> bool:
         """Whether a call of `slots` token slots routes in its GEMMs and combines in the down GEMM (config "route":
-        "gemm"): FUSES where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
-        from b12x_kernels import interface
-
-        fits = slots <= interface.ROUTE_MAX_SLOTS and query.moe.experts <= interface.ROUTE_MAX_EXPERTS
-        wanted = FUSES if FUSES is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
+        "gemm"): Overrides.fuses where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
+        fits = slots <= geometry.MMA.route_max_slots and query.moe.experts <= geometry.MMA.route_max_experts
+        forced = query.overrides.fuses
+        wanted = forced if forced is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
         return fits and wanted
 
     @classmethod
     def _holds(cls, query, tokens: int) -> bool:
-        """Whether calls of `tokens` tokens hold their rows: HOLDS_ROWS where set, else where the measured MoE table
-        has HELD faster than this backend's staged time at that count (interpolated as the plans read it)."""
-        if HOLDS_ROWS is not None:
-            return HOLDS_ROWS
+        """Whether calls of `tokens` tokens hold their rows: Overrides.holds_rows where set, else where the measured
+        MoE table has HELD faster than this backend's staged time at that count (interpolated as the plans read
+        it)."""
+        if query.overrides.holds_rows is not None:
+            return query.overrides.holds_rows
         found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
         if found is None:
             return False
@@ -275,7 +267,7 @@ class TensorCoreMoE(Backend):
         return w13, w2
 
     def run(self, x, topk_weights, topk_ids, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, shape = self.query, self.query.moe
         t, k = topk_ids.shape
@@ -319,7 +311,7 @@ class TensorCoreMoE(Backend):
 
 class TensorCoreMoEWgmma(TensorCoreMoE):
     """The fused MoE on the Hopper form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, grouped;
-    csrc/wgmma_gemm.cu), issue 22's grouped warpgroup GEMM for prefill-sized calls: the same expert stacks (one
+    csrc/wgmma_gemm.cu), the grouped warpgroup GEMM for prefill-sized calls: the same expert stacks (one
     copy: experts.of), block table, epilogues and combine as TensorCoreMoE, each table block's 32-128 slots one
     expert's as the warpgroup MMA's N, the weights decoded in registers as its A operand. Each GEMM stages its
     activations in the MMA's operand order first (wgmma.staged_bytes), so it is two launches.

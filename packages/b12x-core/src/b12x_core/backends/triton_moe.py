@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import workspace
+from .. import kernels, workspace
 from ..moe_blocks import block_table, decode_kernels, table_maker
 from . import operands
 from .base import Backend, DeviceInfo, MoEShape, config_ranges, cuda_reason
@@ -42,14 +42,14 @@ def k_split(shape: MoEShape, device: DeviceInfo, tokens: int, cfg: dict, n: int,
     """Columns of K per split for a GEMM of n output columns over k: decode-sized calls (16-row blocks) touch
     few experts, so a launch of experts × column tiles leaves SMs idle; splitting K gives each SM about
     SPLIT_PROGRAMS_PER_SM programs. Prefill keeps K whole (its epilogue fuses the activation)."""
-    from b12x_kernels.tiles import BLOCK_K
+    from ..kernels import tiles
 
-    steps = -(-k // BLOCK_K)
+    steps = -(-k // tiles.BLOCK_K)
     if cfg["block_m"] > 16 or not split_k:
-        return steps * BLOCK_K
+        return steps * tiles.BLOCK_K
     programs = min(tokens * shape.top_k, shape.experts) * -(-n // cfg["block_n"])
     want = min(steps, max(1, -(-SPLIT_PROGRAMS_PER_SM * device.sms // programs)))
-    return -(-steps // want) * BLOCK_K
+    return -(-steps // want) * tiles.BLOCK_K
 
 
 def call_config(shape: MoEShape, device: DeviceInfo, tokens: int, decode: bool = True) -> dict:
@@ -86,6 +86,10 @@ class TritonMoE(Backend):
 
     @classmethod
     def can_implement(cls, q):
+        family = kernels.interface.MOE_TILES
+        for fmt, mode in ((q.format, q.act_mode), (q.moe.w2_format, q.moe.act_mode_2)):
+            if fmt not in family.formats or mode not in family.act_modes:
+                return False, f"has no Triton decode of {fmt} × {mode} (interface.MOE_TILES)"
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why
@@ -106,7 +110,7 @@ class TritonMoE(Backend):
         return workspace.nbytes(scratch_specs(self.query.moe, tokens, config))
 
     def run(self, x, topk_weights, topk_ids, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, shape = self.query, self.query.moe
         t, k = topk_ids.shape

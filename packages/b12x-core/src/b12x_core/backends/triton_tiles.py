@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import workspace
+from .. import kernels, workspace
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
@@ -33,6 +33,9 @@ class TritonTiles(Backend):
 
     @classmethod
     def can_implement(cls, q):
+        family = kernels.interface.LINEAR_TILES
+        if q.format not in family.formats or q.act_mode not in family.act_modes:
+            return False, f"has no Triton decode of {q.format} × {q.act_mode} (interface.LINEAR_TILES)"
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why
@@ -54,7 +57,7 @@ class TritonTiles(Backend):
         return workspace.nbytes(operands.bf16_specs(self.query.act_mode, tokens, self.query.k))
 
     def run(self, x2, bias, *, config):
-        from b12x_kernels import tiles
+        from ..kernels import tiles
 
         q, tw = self.query, self.stacked
         x2 = x2.contiguous()

@@ -112,11 +112,9 @@ def warn_if_not_built(query: Query) -> None:
     Triton paths still run, the CUDA-only ones refuse (never a silent slow path)."""
     if not query.on_cuda or "not_built" in _logged:
         return
-    try:
-        import b12x_kernels
-    except ImportError:
-        return  # every CUDA backend's refusal names it
-    why = b12x_kernels.not_built_reason()
+    from .. import kernels
+
+    why = kernels.not_built_reason()
     if why:
         _logged.add("not_built")
         logger.warning("b12x: %s", why)

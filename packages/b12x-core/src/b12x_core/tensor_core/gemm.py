@@ -17,7 +17,7 @@ import b12x_formats as bf
 from b12x_formats.kernel_facts import format_id
 from b12x_formats.quantized import codec_for
 
-from .. import pdl
+from .. import kernels, pdl
 from . import geometry, layout
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tile, token_tiles
 
@@ -55,8 +55,7 @@ class MmaShard:
         row_scale = self.row_scale if row_scale is None else row_scale
         key = (config, ldy, epilogue, device_ptr(row_scale), top_k, x_quant, x_quant_scale)
         if key not in self.plans:
-            from b12x_kernels import interface
-
+            interface = kernels.interface
             self.plans[key] = interface.pack(
                 interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=device_ptr(self.meta),
                 meta2=device_ptr(self.meta2), block_scale=device_ptr(self.block_scale),
@@ -138,9 +137,9 @@ def prepare(shards: list[bf.QuantizedWeight], device, act_factor: float = 1.0, m
 
 
 # At one-token tiles (mt = 1) each CTA streams its weights latency-bound, so two CTAs an SM read as fast as the
-# kernel's full occupancy (3-4) does, and each further K split only adds partials to write and sum. Measured on the
-# H200 (Llama-3.1-8B linears at M = 1 and 4, every split timed, docs/performance.md 2026-12-02): the best splits
-# filled about two CTAs an SM, 10-20% faster than filling the occupancy (gate_up NVFP4: 1 split, not 7).
+# kernel's full occupancy (3-4) does, and each further K split only adds partials to write and sum: on the 8B
+# linears at 1 and 4 tokens the best splits filled about two CTAs an SM, faster than filling the occupancy.
+# `python benchmarks/mma_linear.py --model 8b --ms 1,4 --sweep` times every split beside the default.
 STREAMING_CTAS_PER_SM = 2
 
 
@@ -174,25 +173,13 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     return config
 
 
-# The activation modes the resident kernel quantizes where it holds the rows (x_quant), and the weight formats whose
-# kernels do (csrc/mma_gemm.cuh x_quantizes: the pairs the plans make); the extension refuses the others.
-X_QUANT_FORMATS = {"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
-                   "nvfp4": frozenset({"NVFP4"})}  # fmt: skip
-
-
-# Resident activations (MmaConfig.resident) against the staged ones, same run (H200, 2026-12-03, mma_linear.py
-# --resident-ab --per-linear, docs/performance.md), since dead token rows read row 0 instead of a per-group select:
-# at one token every format's every 8B and 70B linear is as fast or faster (the 8B layer: NVFP4 73.6 -> 68.0 us,
-# Q8_0 104.0 -> 97.1, IQ2_XXS 79.0 -> 75.7, FP8 98.7 -> 87.9; the 70B: 3-14% a layer, FP8_BLOCK even). At 2-8
-# tokens the gain shrinks and turns with the CTAs an SM holds (70B gate_up: -15% to +19% by format and tokens), so
-# only FP8 and MXFP8, whose decode is the lightest and which gained most (the 8B layer at four tokens 105.7 -> 95.0),
-# keep them past one token. Held rows stay within what was measured: 4 tokens over a 4096-wide K, 32 KB.
-# A quantized activation mode the kernel quantizes where it holds the rows (X_QUANT_FORMATS) saves the operand pass
-# only when held, so its pairs hold them at 2-8 tokens too. Measured on the H200 (2026-12-04, mma_linear.py
-# --x-quant-ab --per-linear: the operand pass + staged rows against rows quantized where held, same run), the 8B
-# layer at 2 / 4 / 8 tokens: NVFP4 x mxfp8 84.0 / 84.8 / 88.3 -> 72.7 / 76.2 / 82.6 us, MXFP4 x mxfp8 80.9 / 81.5 /
-# 85.3 -> 70.9 / 73.5 / 80.0, NVFP4 x nvfp4 86.3 / 86.8 / 89.7 -> 76.9 / 83.9 / 90.3; the 70B layer 2-15% faster at
-# 2 and 4 tokens, within 1% at 8 (nvfp4 +0.9%, one linear +8%: the staged rows' CTAs an SM start to count there).
+# Resident activations (MmaConfig.resident): dead token rows read row 0 instead of a per-group select, and no CTA
+# barrier a stage. At one token every format's linears ran as fast or faster resident than staged. At 2-8 tokens the
+# gain shrinks and turns with the CTAs an SM holds, so only FP8 and MXFP8, whose decode is the lightest, keep them
+# past one token. A quantized activation mode the kernel quantizes where it holds the rows (MMA.x_quant_formats) saves
+# the operand pass only when held, so its pairs hold them at 2-8 tokens too. Held rows stay within what was measured:
+# 4 tokens over a 4096-wide K, 32 KB. Re-measured by `python benchmarks/mma_linear.py --model 8b --per-linear
+# --resident-ab` (staged against resident) and `--x-quant-ab` (operand pass against in-kernel quantization).
 RESIDENT_FORMATS = frozenset({"FP8", "MXFP8"})  # resident at 2-8 tokens too
 RESIDENT_MAX_BYTES = 4 * 4096 * 2
 
@@ -201,8 +188,8 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
                    smem_limit: int = 0) -> bool:  # fmt: skip
     """Whether a dense call of `m` tokens under `config` holds its activations whole: a one-token tile of one row
     tile a warp, at one token for every format and at up to 8 for RESIDENT_FORMATS and for the pairs the kernel
-    quantizes (`act_mode` in X_QUANT_FORMATS), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16, and
-    its CTA within the device's shared memory a block (`smem_limit` bytes; 0: not checked)."""
+    quantizes (`act_mode` in MMA.x_quant_formats), its live rows over the split's K within RESIDENT_MAX_BYTES of bf16,
+    and its CTA within the device's shared memory a block (`smem_limit` bytes; 0: not checked)."""
     past_one = fmt in RESIDENT_FORMATS or quantizes(fmt, act_mode)
     if not fmt or config.mt != 1 or config.rt != 1 or (m > 1 and not past_one):
         return False
@@ -212,8 +199,8 @@ def holds_resident(fmt: str, m: int, chunks: int, config: MmaConfig, act_mode: s
 
 
 def quantizes(fmt: str, act_mode: str) -> bool:
-    """Whether `fmt`'s resident kernel quantizes `act_mode` activations itself (X_QUANT_FORMATS)."""
-    return fmt in X_QUANT_FORMATS.get(act_mode, ())
+    """Whether `fmt`'s resident kernel quantizes `act_mode` activations itself (MMA.x_quant_formats)."""
+    return fmt in geometry.MMA.x_quant_formats.get(act_mode, ())
 
 
 def held_rows_fit(fmt: str, rows: int, chunks: int, splits: int) -> bool:
@@ -228,11 +215,9 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16,
     """At one-token tiles, the CTA height (6, 7 or 8 row tiles) and K split that give the busiest SM the least work
     when one wave of STREAMING_CTAS_PER_SM CTAs an SM holds every CTA — row tiles × chunks on the SM with the most
     CTAs. 8B gate_up (1792 row tiles, 32 chunks, 132 SMs): 224 CTAs of 8 put 2 × 8 × 32 on the busiest SM, 256
-    CTAs of 7 put 2 × 7 × 32. Measured (H200, 2026-12-03, the 8B layer at one token): 1.5-3.5% faster than
-    streaming_split's 128-row CTAs for NVFP4, FP8 and Q8_0 (qkv 6-9%, gate_up 2-3%); for IQ2_XS / IQ2_XXS 1% slower
-    while each CTA waited on its shared-table fill, 1-2% faster since the fill overlaps the weights (8B and 70B
-    layers at one and four tokens, docs/performance.md). `heights`: the CTA heights that fit the device
-    (geometry.fitting_heights)."""
+    CTAs of 7 put 2 × 7 × 32. Every format ran faster so than with streaming_split's 128-row CTAs on the 8B and 70B
+    layers at one and four tokens (`python benchmarks/mma_linear.py --ms 1,4 --balance-ab` re-measures it).
+    `heights`: the CTA heights that fit the device (geometry.fitting_heights)."""
     mt = token_tile(m)
     if mt != 1:
         return MmaConfig(mt, 1)
@@ -254,8 +239,8 @@ def balanced_config(m: int, n: int, chunks: int, sms: int, max_splits: int = 16,
 def split_share(fmt: str, m: int, k: int) -> float:
     """What one more K split costs beside the weights: its fp32 partials of m rows (written, then read back by the
     reduction, 8 bytes an output) over the weight's bytes (K × bits per weight / 8 a row): independent of N; grows
-    with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials took 33 µs of
-    gate_up's 124 (the H200, 2026-12-02: 91 µs unsplit; docs/performance.md)."""
+    with the tokens: 0.44 at 128 tokens of a 4096-wide 4.5-bit linear, where four splits' partials cost a quarter of
+    gate_up's time (`python benchmarks/mma_linear.py --model 8b --ms 128 --sweep` times each split)."""
     from b12x_formats.quantized import codec_for
 
     return 8.0 * m / (k * codec_for(fmt).spec.bits_per_weight / 8)
@@ -288,10 +273,8 @@ def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16, share:
 
 def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
     """CTAs that run at once: SMs × the kernel's CTAs per SM (occupancy of that format and token tile)."""
-    import b12x_kernels
-
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms * max(1, b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
+    return sms * max(1, kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
 
 
 @dataclass
@@ -323,8 +306,6 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
     form takes either `table`, (order, block table [3, blocks]) from b12x_core.moe_blocks, or `routed`, (ids int32
     [m], experts, blocks): each CTA finds its table block itself. `combine_w` (fp32 [m / k, k], the f32 epilogue,
     grouped): y bf16 [m / k, N] is the combine of the float32 slot rows (csrc/kernels.h MmaCall)."""
-    import b12x_kernels
-
     grouped = {}
     if table:
         order, blocks = table
@@ -334,7 +315,7 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
         grouped = dict(ids=ids.data_ptr(), experts=experts, blocks=blocks)
     if combine_w is not None:
         grouped.update(combine_w=combine_w.data_ptr(), combine_k=combine_w.shape[1])
-    b12x_kernels.mma_gemm(
+    kernels.mma_gemm(
         plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
         0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,

@@ -5,17 +5,25 @@ made of them (output tiles, split-K tickets, CTAs that run at once) are here, on
 
 from __future__ import annotations
 
-from b12x_kernels.interface import LANE_BYTES, QUAD, ROWS_PER_CTA, TILE_ROWS, TOKEN_TILES, chunk_k
+from b12x_formats.kernel_facts import format_id
+
+from .. import kernels
+from ..kernels import interface
+
+MMA = interface.MMA  # the family's capability model
+LANE_BYTES, QUAD = interface.LANE_BYTES, interface.QUAD
+TILE_ROWS, ROWS_PER_CTA = interface.TILE_ROWS, interface.ROWS_PER_CTA
+TOKEN_TILES, chunk_k = MMA.token_tiles, interface.chunk_k
 
 CONSERVATIVE_BLOCKS_PER_SM = 2  # plans worked out without the kernel at hand (previews, CPU machines)
 
 # The kernel's static __shared__ arrays (its row maps, warp sums and flags: about 300 bytes) count against the same
 # per-block limit as the dynamic shared memory b12x_kernels.mma_smem_bytes gives.
 STATIC_SMEM_BOUND = 1024
-FULL_HEIGHT = ROWS_PER_CTA // TILE_ROWS  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
-CTA_HEIGHTS = (FULL_HEIGHT, 7, 6)  # or 7 / 6 at one-token tiles of one row tile a warp (csrc with_kernel)
+CTA_HEIGHTS = MMA.cta_heights  # tallest first: 128 rows, or 112 / 96 at one-token tiles of one row tile a warp
+FULL_HEIGHT = CTA_HEIGHTS[0]  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
 
-__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "QUAD", "ROWS_PER_CTA",
+__all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "MMA", "QUAD", "ROWS_PER_CTA",
            "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile",
            "kernels_run", "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
            "token_tile", "token_tiles"]  # fmt: skip
@@ -57,10 +65,7 @@ def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
     (also where that kernel does not fit the device: the extension answers 0)."""
     blocks = CONSERVATIVE_BLOCKS_PER_SM
     if kernels_run(query):
-        import b12x_kernels
-        from b12x_formats.kernel_facts import format_id
-
-        blocks = b12x_kernels.mma_blocks_per_sm(format_id(fmt), mt, 1, tiles) or blocks
+        blocks = kernels.mma_blocks_per_sm(format_id(fmt), mt, 1, tiles) or blocks
     return query.device.sms * blocks
 
 
@@ -75,12 +80,9 @@ def smem_bytes(fmt: str, mt: int, tiles: int = FULL_HEIGHT, resident_rows: int =
     """The shared memory one CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles; rows held over the
     split's K where resident_rows) takes, static bound included; 0: no such kernel; None: the kernels are not at
     hand to say (b12x_kernels without its extension)."""
-    import b12x_kernels
-    from b12x_formats.kernel_facts import format_id
-
-    if b12x_kernels._C is None:
+    if not kernels.built():
         return None
-    need = b12x_kernels.mma_smem_bytes(format_id(fmt), mt, tiles, resident_rows, chunks_per_split)
+    need = kernels.mma_smem_bytes(format_id(fmt), mt, tiles, resident_rows, chunks_per_split)
     return need + STATIC_SMEM_BOUND if need else 0
 
 

@@ -24,9 +24,9 @@ import b12x_formats as bf
 from b12x_formats import kernel_facts, tables
 from b12x_formats.quantized import codec_for
 
-from .geometry import LANE_BYTES, QUAD, TILE_ROWS, chunk_k
+from .geometry import LANE_BYTES, MMA, QUAD, TILE_ROWS, chunk_k
 
-FORMATS = tuple(kernel_facts.FORMAT_IDS)  # every format has a layout here
+FORMATS = MMA.formats  # every format has a layout here
 
 
 @dataclass

@@ -17,19 +17,22 @@ from __future__ import annotations
 import torch
 
 from b12x_formats.kernel_facts import SAME_LAYOUT
-from b12x_kernels.interface import WGMMA_FACTOR_FORMATS as FACTOR_FORMATS  # a per-chunk fp32 factor, folded
-from b12x_kernels.interface import WGMMA_FACTOR_TOKEN_TILES as FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
-from b12x_kernels.interface import WGMMA_FORMATS as FORMATS  # its decodes need no per-chunk fp32 scale
-from b12x_kernels.interface import WGMMA_GROUPED_FACTOR_FORMATS as GROUPED_FACTOR_FORMATS  # IQ2, grouped too
-from b12x_kernels.interface import WGMMA_GROUPED_TOKEN_TILES as GROUPED_TOKEN_TILES  # the grouped form's
-from b12x_kernels.interface import WGMMA_TOKEN_TILES as TOKEN_TILES  # mt: 8·mt tokens per CTA
-from b12x_kernels.interface import WGMMA_WIDE_FORMATS as WIDE_FORMATS  # 256-row CTAs (wide_config)
-from b12x_kernels.interface import WGMMA_WIDE_TILES as WIDE_TILES
-from b12x_kernels.interface import WGMMA_WIDE_TOKEN_TILES as WIDE_TOKEN_TILES
-from b12x_kernels.interface import WGMMA_WS_TOKEN_TILES as WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
+from .. import kernels
+from ..kernels import interface as _interface
 from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
+
+FACTOR_FORMATS = _interface.WGMMA_FACTOR_FORMATS  # a per-chunk fp32 factor, folded
+FACTOR_TOKEN_TILES = _interface.WGMMA_FACTOR_TOKEN_TILES  # theirs: up to 64 tokens
+FORMATS = _interface.WGMMA_FORMATS  # its decodes need no per-chunk fp32 scale
+GROUPED_FACTOR_FORMATS = _interface.WGMMA_GROUPED_FACTOR_FORMATS  # IQ2, grouped too
+GROUPED_TOKEN_TILES = _interface.WGMMA_GROUPED_TOKEN_TILES  # the grouped form's
+TOKEN_TILES = _interface.WGMMA_TOKEN_TILES  # mt: 8·mt tokens per CTA
+WIDE_FORMATS = _interface.WGMMA_WIDE_FORMATS  # 256-row CTAs (wide_config)
+WIDE_TILES = _interface.WGMMA_WIDE_TILES
+WIDE_TOKEN_TILES = _interface.WGMMA_WIDE_TOKEN_TILES
+WS_TOKEN_TILES = _interface.WGMMA_WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_FORMATS", "GROUPED_TOKEN_TILES",
            "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES",
@@ -44,17 +47,15 @@ GROUPED_FORMATS = _GROUPED + tuple(a for a, same in SAME_LAYOUT.items() if same 
 CONSERVATIVE_BLOCKS = {1: 2, 2: 2, 4: 2, 8: 2, 16: 1}  # CTAs per SM by token tile (its launch bounds)
 
 
-# The token tile per M, from the H200 (docs/performance.md, 2026-12-02: every tile timed on a Llama-3.1-8B layer).
-# FP4 (128-wide K chunks): a tile covering M up to 16 tokens; then a tile of half to a quarter of M, whose more CTAs
-# (and K splits) fill the 132 SMs better than one tile's worth of wider wgmmas would; 128 tokens from 512 on.
+# The token tile per M, every tile timed on a Llama-3.1-8B layer (`python benchmarks/wgmma_linear.py` re-measures
+# them). FP4 (128-wide K chunks): a tile covering M up to 16 tokens; then a tile of half to a quarter of M, whose more
+# CTAs (and K splits) fill the SMs better than one tile's worth of wider wgmmas would; 128 tokens from 512 on.
 # The 8-bit formats' 64-wide chunks hold half the multiplies for the same bookkeeping a chunk (copies, barriers,
-# scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens. Measured (twelfth session):
-# FP8 at 32 / 64 tokens 139 / 160 µs against 157 / 193 at 32-token tiles, MXFP8 150 / 168 against 160 / 219; Q8_0,
-# whose decode costs more registers a weight, 138 / 178 against 160 / 214 the other way round at 32 tokens.
+# scales), and the kernel is issue-bound: 64-token tiles spread it over twice the tokens (FP8 and MXFP8 ran faster so
+# at 32 and 64 tokens); Q8_0, whose decode costs more registers a weight, ran faster the other way round at 32 tokens.
 # FP8_BLOCK and IQ2 (FACTOR_FORMATS) run tiles of up to 64 tokens (their partial accumulators take the registers of
-# a larger one; past the table, token_tile falls back to that largest). Q8_0's rule: measured (fifteenth session,
-# 8B layer) 32-token tiles at 32 tokens IQ2_XS 125 µs, FP8_BLOCK 134, against 149 / 155 at 64-token tiles and
-# 170 / 177 at 16-token ones.
+# a larger one; past the table, token_tile falls back to that largest), and at 32 tokens ran fastest with Q8_0's
+# rule's 32-token tiles.
 TILE_UPTO_Q8 = ((8, 1), (16, 2), (32, 4), (256, 8))
 TILE_UPTO = {
     "FP8": ((8, 1), (16, 2), (256, 8)),
@@ -63,9 +64,9 @@ TILE_UPTO = {
     **dict.fromkeys(FACTOR_FORMATS, TILE_UPTO_Q8),
 }
 TILE_UPTO_FP4 = ((8, 1), (16, 2), (64, 4), (256, 8))
-# 256-row CTAs of 128-token tiles (wide_config) from here on, FP4 only: measured on the 8B layer (2026-12-04,
-# wgmma_linear.py --wide, same run) NVFP4 852 / 3488 µs at 1024 / 4096 tokens against 916 / 3822 with 128-row CTAs,
-# but 520 against 481 at 512 and slower below (four warps a scheduler hide the decode only where the tiles are many).
+# 256-row CTAs of 128-token tiles (wide_config) from here on, FP4 only: on the 8B layer they ran faster at 1024 and
+# 4096 tokens than 128-row CTAs, but slower at 512 and below (four warps a scheduler hide the decode only where the
+# tiles are many). `python benchmarks/wgmma_linear.py --wide --ms 256,512,1024,4096` re-measures it.
 WIDE_FROM = 1024
 
 
@@ -96,10 +97,9 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
     """CTAs that run at once: SMs × CTAs per SM (the kernel's occupancy where `measured`, else its launch bounds)."""
     blocks = CONSERVATIVE_BLOCKS[mt]
     if measured:
-        import b12x_kernels
         from b12x_formats.kernel_facts import format_id
 
-        blocks = b12x_kernels.wgmma_blocks_per_sm(format_id(fmt), mt) or blocks
+        blocks = kernels.wgmma_blocks_per_sm(format_id(fmt), mt) or blocks
     return sms * blocks
 
 
@@ -118,7 +118,7 @@ def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None,
 def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
     """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cuh: one decoding warpgroup feeds two multiplying ones,
     8·mt tokens per CTA, one CTA per SM) at token tile mt, with the K split that fills the GPU. No backend picks it
-    yet: it has not run on a GPU."""
+    yet: it ran correct on the GPU, but slower than the register-A form."""
     if mt not in WS_TOKEN_TILES:
         raise ValueError(f"the warp-specialized form's token tile is one of {WS_TOKEN_TILES}, not {mt}")
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms, share=share), rt=2)
@@ -145,13 +145,11 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
            staged: torch.Tensor, stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
     """One call of a shard's `plan` (gemm.MmaShard.plan): m rows of x into y, as gemm.launch; `table`: the grouped
     form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
-    import b12x_kernels
-
     grouped = {}
     if table:
         order, blocks = table
         grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
-    b12x_kernels.wgmma_gemm(
+    kernels.wgmma_gemm(
         plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m, workspace.partials.data_ptr(),
         workspace.tickets.data_ptr(), staged.data_ptr(), stream, **grouped,
     )  # fmt: skip
