@@ -469,19 +469,14 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   if (p.x_quant) return "wgmma_gemm: activations quantized in the kernel are mma_gemm's (resident)";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
-  if (p.rt != 1 && p.rt != 2)
-    return "wgmma_gemm: rt must be 1 (a warp decodes one row tile) or 2 (warp-specialized: two a multiplying warp)";
-  if (p.rt == 1 && factor_format(p.format) && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
+  if (p.rt != 1) return "wgmma_gemm: rt must be 1 (a warp decodes one row tile)";
+  if (factor_format(p.format) && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
     return "wgmma_gemm: FP8_BLOCK and IQ2 run mt 1, 2, 4 or 8";
-  if (p.rt == 1 && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
-    return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
-  if (p.rt == 2 && factor_format(p.format))
-    return "wgmma_gemm: format must be one without a per-chunk fp32 factor for the warp-specialized form (rt 2)";
-  if (p.rt == 2 && !wgmma_ws_token_tile(p.format, p.mt)) return "wgmma_gemm: with rt 2, mt must be 8, 16 or 32";
+  if (!with_config(p.format, p.mt, 0, [](auto, auto) { return 1; })) return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
   if (p.tiles != kWarps &&
-      !(p.tiles == kWideWarps && p.rt == 1 && with_wide_config(p.format, p.mt, false, [](auto, auto) { return true; })))
-    return "wgmma_gemm: tiles must be 8, or 16 (256-row CTAs) for NVFP4 / MXFP4 at mt 8 or 16 with rt 1";
+      !(p.tiles == kWideWarps && with_wide_config(p.format, p.mt, false, [](auto, auto) { return true; })))
+    return "wgmma_gemm: tiles must be 8, or 16 (256-row CTAs) for NVFP4 / MXFP4 at mt 8 or 16";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "wgmma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
   if (p.ldy < p.N && p.epilogue != MMA_OUT_SILU && p.epilogue != MMA_OUT_F32) return "wgmma_gemm: need ldy >= N";
@@ -518,7 +513,6 @@ cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged
     p.block_start = call.table + call.blocks;
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
-  if (plan.rt == 2) return wgmma_ws_launch(p, staged, stream);
   if (plan.tiles == kWideWarps)
     return with_wide_config(plan.format, plan.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
       return launch<decltype(f), decltype(m)::value, kWideWarps>(p, staged, stream);

@@ -35,7 +35,6 @@ TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
 WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
-WGMMA_WS_TOKEN_TILES = (8, 16, 32)  # its warp-specialized form's (rt = 2): 8·mt tokens per CTA, half per warpgroup
 WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
 # wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums (held to the
 # reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
@@ -130,8 +129,8 @@ MmaPlan = _block(
         ("N", "int", "weight rows (per expert when grouped)"),
         ("K", "int", "a multiple of 8"),
         ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
-        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)"),
-        ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)"),
+        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)"),
+        ("rt", "int", "row tiles of 16 per warp (mma_gemm: 1 or 2; wgmma_gemm: 1)"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
         ("tiles", "int", "row tiles of 16 per CTA: 8; mma_gemm 6 / 7 at mt 1 and rt 1; wgmma_gemm 16 (FP4, mt 8 / 16)"),
         ("epilogue", "int", "MmaOut"),
