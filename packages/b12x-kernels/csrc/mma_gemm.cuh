@@ -41,13 +41,11 @@ constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 row
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
 // busy SMs'; 112-row CTAs (256) give nearly every SM two (gemm.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
-// IQ2 tables: copies spread over banks (16: at most 2 lanes share a bank). B12X_IQ2_REPLICAS (an experiment's build
-// switch, defined in no shipped build) sets another power of two: 8 halves IQ2_XS's 40 KB of tables, which would let
-// its grouped (MoE) CTAs fit SM12x's 99 KB a block; a device A/B (tools/kernel_ab.sh) says what the conflicts cost.
-#ifndef B12X_IQ2_REPLICAS
-#define B12X_IQ2_REPLICAS 16
-#endif
-constexpr int kReplicas = B12X_IQ2_REPLICAS;
+// IQ2 tables: 16 copies spread over banks, so at most 2 lanes share a bank. 8 would halve IQ2_XS's 40 KB of tables
+// and let its grouped (MoE) CTAs fit SM12x's 99 KB a block; on Hopper it times the same (tools/kernel_ab.sh with the
+// value changed, then `benchmarks/mma_linear.py --model 8b --per-linear --formats IQ2_XS,IQ2_XXS --ms 1,4,8`), so it
+// waits for SM12x's GPU tests. A power of two: a word index's byte offset is a shift.
+constexpr int kReplicas = 16;
 constexpr int kReplicaShift =  // log2 of a word's replicas in bytes
     kReplicas == 4 ? 4 : kReplicas == 8 ? 5 : kReplicas == 16 ? 6 : kReplicas == 32 ? 7 : -1;
 static_assert(kReplicaShift > 0, "IQ2 table replicas: 4, 8, 16 or 32 (a word index's byte offset is a shift)");
@@ -755,9 +753,9 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
   // The sums, in split order (deterministic). The loads of SB splits × JB token groups of the thread's accumulators
   // are issued before any of them is added: a loop over the splits inside each accumulator's waited one L2 round
   // trip per accumulator and split, and the last CTA of an output tile held its SM that long (tens of µs at 128
-  // tokens: Nsight Compute, 2026-12-02). At most 32 loads in flight a thread: more spill where the launch bounds cap
-  // the registers (the one-token tiles, the warp-specialized kernel's 256-token tiles). acc is dead here (its values
-  // are in the partials), so only the sums of one block of token groups are live.
+  // tokens in Nsight Compute). At most 32 loads in flight a thread: more spill where the launch bounds cap the
+  // registers (the one-token tiles). acc is dead here (its values are in the partials), so only the sums of one block
+  // of token groups are live.
   constexpr int JB = RT * MT * 4 <= 32 ? MT : 32 / (RT * 4);
   constexpr int SB = 32 / (RT * JB * 4) > 0 ? 32 / (RT * JB * 4) : 1;
   static_assert(MT % JB == 0, "whole blocks of token groups");
