@@ -19,7 +19,7 @@ t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" CMAKE_BUILD_PARALLEL_LEVEL=16
-source tools/device_env.sh
+source tools/gpu_env.sh
 if [ -n "$B12X_WHEEL" ]; then
   install_kernels > "$out/build.log" 2>&1
 else
@@ -43,7 +43,7 @@ if ! skip sweep; then
     ${SWEEP:---formats NVFP4,IQ2_XS,FP8,Q8_0 --ms 1,4 --replays 20} > "$out/sweep.log" 2>&1
   say "sweep: exit $?"; grep -E "^M=" "$out/sweep.log" | cut -c1-150
 fi
-if ! skip pdl; then  # programmatic dependent launch against plain launches, same run (mma_linear) and same call (model)
+if ! skip pdl; then  # programmatic dependent launch against plain launches, same run (mma_linear) and one after the other (model)
   timeout 150 python3 benchmarks/mma_linear.py --model 8b --pdl-ab --rt 1 --out "$out/pdl_linear.json" \
     ${PDL:---formats NVFP4,FP8,IQ2_XS --ms 1,4,16 --replays 20} > "$out/pdl_linear.log" 2>&1
   say "pdl linear: exit $?"; grep -E "^M=" "$out/pdl_linear.log" | cut -c1-150
