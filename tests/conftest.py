@@ -17,9 +17,9 @@ def _cuda_available() -> bool:
         return False
 
 
-# The GPU suite's longest files (docs/results/gpu_suite_times_h200_2026-12-02c.txt: the MoE references take 17 s a
-# test on average, the wgmma matrix up to a minute): run first, so that xdist, which hands tests out in collection
-# order, does not leave them for the end of a time-limited device call while the short ones fill the tail.
+# The GPU suite's longest files (each test's seconds: B12X_TEST_TIMES; the MoE references take the longest a test
+# on average, the wgmma matrix up to a minute): run first, so that xdist, which hands tests out in collection order,
+# does not leave them for the end of a time-limited run while the short ones fill the tail.
 LONGEST_FIRST = ("test_moe_tiles.py", "test_mma_moe.py", "test_wgmma_gemm.py", "test_mma_gemm.py", "test_tiles.py")
 
 

@@ -411,8 +411,8 @@ constexpr int table_words() {
 }
 // IQ2's grid and sign words into shared memory, replica r of word i at i * kReplicas + r (a splat 16-byte piece
 // per 4 replicas). Every thread's loads go out before its first store, so the fill waits one memory latency rather
-// than one a word (before: the hottest instruction at one token, the STS waiting on its __ldg, docs/performance.md
-// 2026-12-03), and a warp's stores are consecutive pieces (no bank conflict). The kernels call it after the weights'
+// than one a word (a store after each load was the hottest instruction at one token, the STS waiting on its __ldg:
+// tools/kernel_profile.sh's NCU_SOURCE page), and a warp's stores are consecutive pieces (no bank conflict). The kernels call it after the weights'
 // first copies are issued; their first chunk's barrier publishes the tables.
 template <class F, int THREADS>
 __device__ __forceinline__ void fill_tables(uint32_t* tab, const uint32_t* words) {
@@ -455,8 +455,8 @@ constexpr int min_blocks() {
 // Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
 // tile's live rows (at most 8: dense, its tokens; grouped, its block's slots, at most min(M, 8) since M counts the
 // slots) over the whole K range of its split, loaded once with the first weights, so the
-// main loop has no CTA barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's
-// hottest stall). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
+// main loop has no CTA barrier a stage (the stage barrier was the one-token kernel's hottest stall in Nsight
+// Compute: tools/kernel_profile.sh's NCU_SOURCE page). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
 // keep the swizzle bits), padded by E/2 elements like a stage row.
 template <class F>
 __host__ __device__ constexpr int resident_row_elems(int chunks_per_split) {
@@ -520,8 +520,8 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
 // writes its rows into src_row / dst_row (−1 past the block's slots) and their count into *live. Returns the block's
 // expert, or −1 past the routing's work (uniform). `scratch` is dynamic shared memory nothing else uses yet
 // (route_scratch_bytes: the counts per expert and the ids). Every thread calls it (barriers). Costs a few
-// shared-memory passes over ≤ 1024 slots, where the table took a launch of its own before the GEMM
-// (docs/performance.md, 2026-12-04).
+// shared-memory passes over ≤ 1024 slots, where the table would take a launch of its own before the GEMM
+// (benchmarks/moe.py times both: tensor_core_moe and its "@unfused" form).
 constexpr int kRouteMaxSlots = MMA_ROUTE_MAX_SLOTS, kRouteMaxExperts = MMA_ROUTE_MAX_EXPERTS;
 constexpr int route_scratch_bytes() { return 4 * (kRouteMaxSlots + kRouteMaxExperts); }
 template <int TOK, int THREADS>

@@ -38,10 +38,10 @@ namespace wgmma {
 
 static_assert(kWarps == 8, "two warpgroups of four warps");
 // Warps (row tiles of 16) a CTA: kWarps (128 rows, two warpgroups), or kWideWarps (256 rows, four warpgroups;
-// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles; unregistered: not yet run on a GPU). Why the wide form: Nsight
-// Compute (docs/performance.md, 2026-12-04) found the tensor pipe busy 44-53% of the time at 64-1024 tokens against
-// cuBLAS's 91-95% on the same wgmma count, with two warps a scheduler at 128-token tiles (32% issue active):
-// too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
+// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles: the plans' FP4 form from wgmma.WIDE_FROM tokens). Why the wide
+// form: Nsight Compute on the 128-row form (tools/kernel_profile.sh's ncu_wgmma step, benchmarks/wgmma_profile.py)
+// found the tensor pipe busy about half the time at 64-1024 tokens against cuBLAS's 91-95% on the same wgmma count,
+// with two warps a scheduler at 128-token tiles (32% issue active): too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
 // their registers (128 a thread) fit because they decode and multiply one decode group at a time (below).
 constexpr int kWideWarps = MMA_WGMMA_WIDE_TILES;
 
@@ -100,9 +100,9 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
   });
 }
 
-// Lean chunks (B12X_LEAN_CHUNK until its A/B on the H200, 2026-12-05: 1-5% faster a layer at 64-4096 tokens, every
-// format; docs/performance.md): fewer bookkeeping instructions a chunk for the same work, where the kernel is
-// issue-bound (64-token tiles: half the cycles issue, Nsight Compute 2026-12-04). (1) The copies are issued by an
+// Lean chunks: fewer bookkeeping instructions a chunk for the same work, where the kernel is issue-bound (64-token
+// tiles: half the cycles issue in Nsight Compute); a few percent faster a layer at 64-4096 tokens, every format
+// (`benchmarks/wgmma_linear.py --formats ...` under tools/kernel_ab.sh against the form without). (1) The copies are issued by an
 // elect.sync lane instead of `lane == 0`: ptxas then issues each bulk copy once, where under the lane test it wraps
 // every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about six instructions a copy). (2) A dead warp's A
 // registers are zeroed once before the chunks, not each chunk: the else-branch's zeroing was hoisted above the decode's
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   size_t tile_global = tile_base;  // in the stacked weight; grouped: its expert's, from the block table below
   const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
   // Addresses computed once (the copy issue is on every chunk's path: 16-20% fewer instructions a chunk than computing
-  // them a copy, and 5-12% faster, docs/performance.md 2026-12-03): shared-memory addresses as 32-bit offsets (no
+  // them a copy, and faster: benchmarks/wgmma_linear.py): shared-memory addresses as 32-bit offsets (no
   // generic-to-shared conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set
   // again for the expert when grouped, below).
   const uint32_t ring_addr = smem_addr(ring), full_addr = smem_addr(full);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
         // 256-row CTAs (128 registers a thread): one decode group (two k16 steps) at a time, its two wgmmas a group
         // of their own, the group before waited for before the next decode (ptxas serializes every wgmma of a group
         // whose A registers are written while it is in flight: C7513); 8 registers of A instead of 64. (With two
-        // warpgroups this form measured -2% to +6% against the whole chunk: docs/performance.md, 2026-12-04.)
+        // warpgroups this form gains nothing over the whole chunk, within a few percent either way.)
         fence_operands(d);
         static_for<GROUPS>([&](auto Gc) {
           constexpr int g = decltype(Gc)::value;
@@ -392,9 +392,9 @@ int blocks_per_sm() {  // 0 where it cannot run here (launch.cuh blocks_per_sm_o
 }
 
 // The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
-// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory); held to the reference on the
-// H200 since 2026-12-03. Grouped (an MoE's experts) only IQ2, at 32- and 64-slot blocks: built 2026-12-04 without
-// device time, its test (tests/kernels/test_wgmma_gemm.py) not yet run on a GPU.
+// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory). Grouped (an MoE's experts) only
+// IQ2, at 32- and 64-slot blocks. tests/kernels/test_wgmma_gemm.py holds both to the reference and the mma.sync
+// kernel.
 template <class R, class Fn>
 R with_factor_format(int format, R fallback, Fn&& fn) {
   switch (format) {

@@ -36,8 +36,8 @@ ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
 WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
 WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
-# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums (held to the
-# reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
+# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums
+# (tests/kernels/test_wgmma_gemm.py holds them to the reference).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 # Its grouped form (a fused MoE's GEMMs over the block table: 128-row CTAs, WGMMA_FORMATS) runs these token tiles,
@@ -45,7 +45,7 @@ WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 WGMMA_GROUPED_TOKEN_TILES = (4, 8, 16)
 WGMMA_GROUPED_FACTOR_FORMATS = ("IQ2_XS", "IQ2_XXS")
 # wgmma_gemm's 256-row CTAs (MmaPlan::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles
-# (held to the reference on the H200 since 2026-12-04; the plans' FP4 form from wgmma.WIDE_FROM tokens).
+# (the plans' FP4 form from wgmma.WIDE_FROM tokens).
 WGMMA_WIDE_TILES = 16
 WGMMA_WIDE_FORMATS = ("NVFP4", "MXFP4")
 WGMMA_WIDE_TOKEN_TILES = (8, 16)
