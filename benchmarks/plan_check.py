@@ -315,7 +315,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.cpu_smoke:
         args.ms, args.replays = "1,2,4", 2
-    if args.from_json:  # a run cut short, or one fetched from the device: its rows as they were saved
+    if args.from_json:  # a run cut short, or one copied from a GPU machine: its rows as they were saved
         saved = json.loads(Path(args.from_json).read_text())
         rows, name, capability, day = saved["rows"], saved["device"], tuple(saved["capability"]), saved["date"]
         args.out = args.out if args.out != parser.get_default("out") else ""

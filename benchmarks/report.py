@@ -1,4 +1,4 @@
-"""The docs/performance.md tables of a device run, from the raw JSON that plan_check.py and moe.py wrote.
+"""The docs/performance.md tables of a GPU run, from the raw JSON that plan_check.py and moe.py wrote.
 
     python benchmarks/report.py --linear linear.json --moe moe.json > rows.md
 

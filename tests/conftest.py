@@ -44,7 +44,7 @@ def rng(request) -> np.random.Generator:
 
 def pytest_runtest_logreport(report):
     """B12X_TEST_TIMES=FILE appends each test's outcome and seconds as it finishes (from every xdist worker): a
-    device run cut short by its time limit still says what ran and what took the time."""
+    GPU run cut short by its time limit still says what ran and what took the time."""
     path = os.environ.get("B12X_TEST_TIMES")
     if getattr(report, "node", None) is not None:  # xdist's controller relaying a worker's report: the worker wrote it
         return
