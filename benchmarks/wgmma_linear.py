@@ -195,20 +195,18 @@ def main() -> None:
                   + f" | check {check:.1e}"
                   + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else ""), flush=True)  # fmt: skip
             # the 256-row form at its best token tile against the 128-row form above
-            for kernel, form_configs, form_wss, form_check in (("wgmma_wide", wide_configs, wide_wss, wide_check),):
-                if not form_configs:
-                    continue
-                per = {mt: time_graph(lambda i, cs=cs, ws=form_wss[mt]: wgmma_layer(i, cs, ws), len(layers),
+            if wide_configs:
+                per = {mt: time_graph(lambda i, cs=cs, ws=wide_wss[mt]: wgmma_layer(i, cs, ws), len(layers),
                                       args.replays)
-                       for mt, cs in form_configs.items()}  # fmt: skip
+                       for mt, cs in wide_configs.items()}  # fmt: skip
                 best_mt = min(per, key=per.get)
-                t_form = per[best_mt]
-                form_label = f"mt={best_mt} " + " ".join(str(c.splits) for c in form_configs[best_mt])
-                rows.append(dict(m=m, format=fmt, kernel=kernel, config=form_label, us=t_form,
-                                 gbs=nbytes / t_form / 1e3, per_nt_us=per, check=form_check))  # fmt: skip
-                print(f"M={m:<4} {fmt:<6} {kernel} {t_form:8.1f} µs [{form_label}] {t_w / t_form:5.2f}x wgmma "
-                      f"{base[m] / t_form:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per.items())
-                      + f" | check {form_check:.1e}", flush=True)  # fmt: skip
+                t_wide = per[best_mt]
+                wide_label = f"mt={best_mt} " + " ".join(str(c.splits) for c in wide_configs[best_mt])
+                rows.append(dict(m=m, format=fmt, kernel="wgmma_wide", config=wide_label, us=t_wide,
+                                 gbs=nbytes / t_wide / 1e3, per_nt_us=per, check=wide_check))  # fmt: skip
+                print(f"M={m:<4} {fmt:<6} wgmma_wide {t_wide:8.1f} µs [{wide_label}] {t_w / t_wide:5.2f}x wgmma "
+                      f"{base[m] / t_wide:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per.items())
+                      + f" | check {wide_check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
