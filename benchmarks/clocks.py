@@ -1,4 +1,4 @@
-"""What the card ran at during each timing of a plan_check.py run: tools/device_tables.sh's clocks.csv (unix
+"""What the card ran at during each timing of a plan_check.py run: tools/measure_tables.sh's clocks.csv (unix
 seconds, SM MHz, °C, W once a second) joined with the rows' `timed_at` stamps. A timing's window runs from the
 run's previous stamp to its own; with no sample inside it (a timing under a second) the nearest sample stands in.
 Prints every timing with the median SM clock, power and temperature of its window, then the timings whose clock sat
@@ -74,7 +74,7 @@ def windows(samples: list[Sample], stamps: list[Timing]) -> list[tuple[Timing, l
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", help="plan_check.py --out JSON")
-    ap.add_argument("clocks", help="tools/device_tables.sh's clocks.csv")
+    ap.add_argument("clocks", help="tools/measure_tables.sh's clocks.csv")
     ap.add_argument("--below", type=float, default=0.9, help="flag windows under this share of the highest clock")
     args = ap.parse_args()
     with open(args.rows) as f:

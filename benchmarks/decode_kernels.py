@@ -1,4 +1,4 @@
-"""Where one decode step's time goes, kernel by kernel (issue 23: the fixed costs around each linear):
+"""Where one decode step's time goes, kernel by kernel (the fixed costs around each linear):
 
     python benchmarks/decode_kernels.py --out decode_kernels.json [--model llama8b] [--formats bf16,NVFP4,IQ2_XS,FP8]
         [--batch 1] [--layers 4] [--steps 5]

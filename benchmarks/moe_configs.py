@@ -1,4 +1,4 @@
-"""Where the fused MoE's time goes, and which tile configuration each grouped GEMM wants (run on the device):
+"""Where the fused MoE's time goes, and which tile configuration each grouped GEMM wants (needs a CUDA GPU):
 
     python benchmarks/moe_configs.py --out moe_configs.json [--shapes qwen3,dsv3] [--formats MXFP4] [--ts 1,64,4096]
 

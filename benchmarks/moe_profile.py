@@ -1,6 +1,6 @@
 """A few calls of the dispatched fused MoE for Nsight Compute (one per case, after a warm-up call): what bounds the
-tensor-core MoE at decode-sized token counts (issue 23: at one token the Qwen3-like layer reads 19-21% of its
-touched experts' copy floor, the gpt-oss-like one 31-33%, the DeepSeek-V3-like one 50-52%; docs/performance.md):
+tensor-core MoE at decode-sized token counts (at one token the Qwen3-like layer reads at a fifth of its touched
+experts' copy floor, the gpt-oss-like one at a third, the DeepSeek-V3-like one at half: benchmarks/moe.py):
 
     ncu --clock-control none -k regex:mma_gemm --launch-skip-before-match 0 --section SpeedOfLight \
         --section WarpStateStats --section Occupancy --section LaunchStats \

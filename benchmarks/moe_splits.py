@@ -1,4 +1,4 @@
-"""The tensor-core MoE's K splits at decode sizes, measured (run on the device):
+"""The tensor-core MoE's K splits at decode sizes, measured (needs a CUDA GPU):
 
     python benchmarks/moe_splits.py --out moe_splits.json [--shapes qwen3,gptoss] [--cases MXFP4:mxfp8,NVFP4:bf16]
         [--ts 1,2,4,8,16]

@@ -139,7 +139,7 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
             if b not in pruned:
                 row["backends"][b] = timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
                 # wall clock at the end of its timing: joins the clocks / power / temperature log that
-                # tools/device_tables.sh keeps (one timing of a full run measured 1.2x its time alone)
+                # tools/measure_tables.sh keeps (one timing of a full run measured 1.2x its time alone)
                 row["timed_at"][b] = round(time.time(), 1)
         fastest = min(row["backends"].values())
         ratios = {b: t / fastest for b, t in row["backends"].items()}
@@ -315,7 +315,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.cpu_smoke:
         args.ms, args.replays = "1,2,4", 2
-    if args.from_json:  # a run cut short, or one fetched from the device: its rows as they were saved
+    if args.from_json:  # a run cut short, or one copied from a GPU machine: its rows as they were saved
         saved = json.loads(Path(args.from_json).read_text())
         rows, name, capability, day = saved["rows"], saved["device"], tuple(saved["capability"]), saved["date"]
         args.out = args.out if args.out != parser.get_default("out") else ""

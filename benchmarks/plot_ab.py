@@ -1,10 +1,8 @@
 """A kernel change against the kernel it replaces, from `wgmma_linear.py` runs made by `tools/kernel_ab.sh` (one run
-a build, same call): per format and token count, the changed kernel's layer time over the base's, each at its best
-token tile. Below 1 the change is faster. The cluster experiment's runs (docs/results/wgmma_cluster_ab_*, made while
-`wgmma_linear.py` had a `--clusters` option, reverted with the kernel) hold their own A/B, clusters sharing x against
-lone CTAs at the same tiles: name such a run alone, with a cluster size.
+a build, both on the same GPU): per format and token count, the changed kernel's layer time over the base's, each at
+its best token tile. Below 1 the change is faster.
 
-    python benchmarks/plot_ab.py OUT.png "LABEL=BASE.json,NEW.json" ["LABEL=RUN.json@2" ...]
+    python benchmarks/plot_ab.py OUT.png "LABEL=BASE.json,NEW.json" ["LABEL=BASE.json,NEW.json" ...]
 """
 
 from __future__ import annotations
@@ -18,30 +16,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def best_times(path: str, cluster: int | None = None) -> dict[tuple[str, int], float]:
-    """{(format, m): µs} of a run's wgmma rows at their best token tile; with `cluster`, the best tile in clusters of
-    that size (the rows' per_cluster_us, keyed "mt/cluster")."""
-    out = {}
-    for r in json.load(open(path))["rows"]:
-        if r["kernel"] != "wgmma":
-            continue
-        if cluster is None:
-            out[r["format"], r["m"]] = r["us"]
-        else:
-            sized = [us for key, us in r.get("per_cluster_us", {}).items() if key.endswith(f"/{cluster}")]
-            if sized:
-                out[r["format"], r["m"]] = min(sized)
-    return out
+def best_times(path: str) -> dict[tuple[str, int], float]:
+    """{(format, m): µs} of a run's wgmma rows at their best token tile."""
+    return {(r["format"], r["m"]): r["us"] for r in json.load(open(path))["rows"] if r["kernel"] == "wgmma"}
 
 
 def ratios(spec: str) -> dict[str, dict[int, float]]:
-    """{format: {m: new µs / base µs}} of one A/B: "BASE.json,NEW.json", or "RUN.json@CLUSTER"."""
-    if "@" in spec:
-        path, cluster = spec.rsplit("@", 1)
-        base, new = best_times(path), best_times(path, int(cluster))
-    else:
-        base_path, new_path = spec.split(",")
-        base, new = best_times(base_path), best_times(new_path)
+    """{format: {m: new µs / base µs}} of one A/B: "BASE.json,NEW.json"."""
+    base_path, new_path = spec.split(",")
+    base, new = best_times(base_path), best_times(new_path)
     out: dict[str, dict[int, float]] = {}
     for key in sorted(base.keys() & new.keys()):
         out.setdefault(key[0], {})[key[1]] = new[key] / base[key]
@@ -69,7 +52,7 @@ def main(png: str, runs: list[str]) -> None:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens (M), Llama-3.1-8B decoder layer")
-        ax.set_title(f"{title}: changed kernel / landed kernel (same call)")
+        ax.set_title(f"{title}: changed kernel / base kernel (same run)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("layer time ratio (below 1: the change is faster)")

@@ -1,9 +1,8 @@
 """A small run of the tensor-core GEMM for
 `compute-sanitizer --tool memcheck|racecheck|synccheck python benchmarks/sanitize_mma.py`: every format, token
 tiles 1/2/4, row tiles 1/2, one and several K splits, tails in N, K and M, and on an sm_90 device its Hopper form
-(wgmma_gemm: every format it runs, token tiles 8–128, K whole and split, and its warp-specialized form at 64 and
-256 tokens, its 256-row CTAs for FP4 at 64 and 128 tokens;
-FP8_BLOCK and IQ2 at 8-64 tokens); then its grouped form (the fused MoE backend tensor_core_moe) for
+(wgmma_gemm: every format it runs, token tiles 8–128, K whole and split, its 256-row CTAs for FP4 at 64 and 128
+tokens; FP8_BLOCK and IQ2 at 8-64 tokens); then its grouped form (the fused MoE backend tensor_core_moe) for
 every MoE format, SiLU and ReLU², decode-sized (split K) and larger calls. `--formats IQ2_XS,FP8_BLOCK` runs only
 those formats (in both parts)."""
 
@@ -36,9 +35,8 @@ for fmt in formats:
             gemm.run(x, shards, y, torch.randn(n, device="cuda").to(torch.bfloat16), config, ws, stream)
         if fmt in wgmma.LINEAR_FORMATS and torch.cuda.get_device_capability() == wgmma.CAPABILITY:
             staged = torch.empty(wgmma.staged_bytes(fmt, m, k), dtype=torch.uint8, device="cuda")
-            configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(16, 6), gemm.MmaConfig(8, 1, 2),
-                       gemm.MmaConfig(32, 3, 2))  # fmt: skip
-            if fmt in wgmma.FACTOR_FORMATS:  # token tiles up to 64, no warp-specialized form
+            configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(8, 1), gemm.MmaConfig(16, 6))
+            if fmt in wgmma.FACTOR_FORMATS:  # token tiles up to 64
                 configs = (gemm.MmaConfig(1, 1), gemm.MmaConfig(4, 3), gemm.MmaConfig(8, 2))
             if fmt in wgmma.WIDE_FORMATS:  # 256-row CTAs: N = 136 is a tail of one CTA's rows
                 configs += tuple(gemm.MmaConfig(mt, s, tiles=wgmma.WIDE_TILES) for mt, s in ((8, 1), (16, 3)))

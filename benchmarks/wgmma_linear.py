@@ -10,14 +10,12 @@ copies (together more than 4× L2, so weights come from HBM), replayed between C
 replay time / copies. Weights are random valid codes written straight into the kernels' layout (mma_linear's
 random_shard, with the decode's power-of-two range set so values are ordinary). The wgmma kernel is timed at every
 token tile mt that suits M (8·mt tokens per CTA, all four linears alike, each linear at the K split that fills the GPU
-for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; from 32 tokens on, so is
-its warp-specialized form (rt = 2, wgmma.ws_config; rows "wgmma_ws"; --no-ws skips it), and with --wide its
-256-row CTAs (tiles 16, wgmma.wide_config; rows "wgmma_wide"); the mma.sync kernel at
+for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; with --wide, from 32
+tokens on, so are its 256-row CTAs (tiles 16, wgmma.wide_config; rows "wgmma_wide"); the mma.sync kernel at
 the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
 FP8_BLOCK and the IQ2 codecs run in the wgmma kernel with a per-chunk fp32 factor folded from partial sums (token
-tiles up to 64, no warp-specialized form): `--formats IQ2_XS,FP8_BLOCK` times
-them the same way.
+tiles up to 64): `--formats IQ2_XS,FP8_BLOCK` times them the same way.
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ def main() -> None:
     parser.add_argument("--formats", default=FORMATS)
     parser.add_argument("--ms", default=MS)
     parser.add_argument("--replays", type=int, default=40)
-    parser.add_argument("--no-ws", dest="ws", action="store_false", help="skip the warp-specialized form (rt = 2)")
     parser.add_argument("--wide", action="store_true", help="also time the 256-row CTAs (tiles 16; FP4, from 32 "
                         "tokens; rows 'wgmma_wide')")  # fmt: skip
     parser.add_argument("--out", default="wgmma_linear.json")
@@ -115,8 +112,8 @@ def main() -> None:
                 return [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles) for s, c in pairs]
 
             def old_rule_time(old, chosen, layer):
-                """The layer under the split rule without the partials' cost (before 2026-12-02's change), this run;
-                None where that rule picks the same splits as `chosen`."""
+                """The layer under the split rule without the partials' cost (gemm.split_share's weight left out),
+                this run; None where that rule picks the same splits as `chosen`."""
                 if [c.splits for c in old] == [c.splits for c in chosen]:
                     return None
                 old_wss = workspaces(old)
@@ -159,13 +156,6 @@ def main() -> None:
                 return worst
 
             check = check_against_mma(wconfigs, wwss)
-            # the warp-specialized form (rt = 2): token tiles of 64-256 that M fills at least half of, one CTA an SM
-            ws_form = m >= 32 and args.ws and fmt not in wgmma.FACTOR_FORMATS  # the ws form has no factor formats
-            ws_tiles = [mt for mt in wgmma.WS_TOKEN_TILES if 4 * mt <= max(m, 32)] if ws_form else []
-            ws_configs = {mt: [wgmma.ws_config(m, s.n, s.chunks, sms, mt, share[s.k]) for s in one_layer]
-                          for mt in ws_tiles}  # fmt: skip
-            ws_wss = {mt: workspaces(cs) for mt, cs in ws_configs.items()}
-            ws_check = check_against_mma(ws_configs, ws_wss)
             # the 256-row form (tiles 16): its token tiles up to twice M, one CTA an SM
             wide_form = args.wide and m >= 32 and fmt in wgmma.WIDE_FORMATS
             wide_tiles = [mt for mt in wgmma.WIDE_TOKEN_TILES if 8 * mt <= max(64, 2 * m)] if wide_form else []
@@ -204,24 +194,19 @@ def main() -> None:
                   + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per_nt.items())
                   + f" | check {check:.1e}"
                   + (f" | unweighted splits {t_unweighted:.0f}" if t_unweighted else ""), flush=True)  # fmt: skip
-            # the other forms, each at its best token tile against the register-A form above
-            for kernel, form_configs, form_wss, form_check in (
-                ("wgmma_ws", ws_configs, ws_wss, ws_check),
-                ("wgmma_wide", wide_configs, wide_wss, wide_check),
-            ):
-                if not form_configs:
-                    continue
-                per = {mt: time_graph(lambda i, cs=cs, ws=form_wss[mt]: wgmma_layer(i, cs, ws), len(layers),
+            # the 256-row form at its best token tile against the 128-row form above
+            if wide_configs:
+                per = {mt: time_graph(lambda i, cs=cs, ws=wide_wss[mt]: wgmma_layer(i, cs, ws), len(layers),
                                       args.replays)
-                       for mt, cs in form_configs.items()}  # fmt: skip
+                       for mt, cs in wide_configs.items()}  # fmt: skip
                 best_mt = min(per, key=per.get)
-                t_form = per[best_mt]
-                form_label = f"mt={best_mt} " + " ".join(str(c.splits) for c in form_configs[best_mt])
-                rows.append(dict(m=m, format=fmt, kernel=kernel, config=form_label, us=t_form,
-                                 gbs=nbytes / t_form / 1e3, per_nt_us=per, check=form_check))  # fmt: skip
-                print(f"M={m:<4} {fmt:<6} {kernel} {t_form:8.1f} µs [{form_label}] {t_w / t_form:5.2f}x wgmma "
-                      f"{base[m] / t_form:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per.items())
-                      + f" | check {form_check:.1e}", flush=True)  # fmt: skip
+                t_wide = per[best_mt]
+                wide_label = f"mt={best_mt} " + " ".join(str(c.splits) for c in wide_configs[best_mt])
+                rows.append(dict(m=m, format=fmt, kernel="wgmma_wide", config=wide_label, us=t_wide,
+                                 gbs=nbytes / t_wide / 1e3, per_nt_us=per, check=wide_check))  # fmt: skip
+                print(f"M={m:<4} {fmt:<6} wgmma_wide {t_wide:8.1f} µs [{wide_label}] {t_w / t_wide:5.2f}x wgmma "
+                      f"{base[m] / t_wide:5.2f}x bf16 | " + " ".join(f"mt{mt}:{v:.0f}" for mt, v in per.items())
+                      + f" | check {wide_check:.1e}", flush=True)  # fmt: skip
         layers = one_layer = None
         torch.cuda.empty_cache()
 
@@ -242,7 +227,7 @@ def main() -> None:
 
 
 def plot(rows: list, device: str, path: str) -> None:
-    """Speed-up over bf16 F.linear against M, per format: the mma.sync kernel and the wgmma prototype."""
+    """Speed-up over bf16 F.linear against M, per format: the mma.sync kernel and the wgmma kernel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,16 +236,15 @@ def plot(rows: list, device: str, path: str) -> None:
     base = {r["m"]: r["us"] for r in rows if r["kernel"] == "F.linear"}
     fig, ax = plt.subplots(figsize=(7, 4))
     for fmt in dict.fromkeys(r["format"] for r in rows if r["kernel"] != "F.linear"):
-        for kernel, style in (("mma", "--"), ("wgmma", "-"), ("wgmma_ws", ":"), ("wgmma_wide", "-.")):
+        for kernel, style in (("mma", "--"), ("wgmma", "-"), ("wgmma_wide", "-.")):
             pts = sorted((r["m"], base[r["m"]] / r["us"]) for r in rows if r["format"] == fmt and r["kernel"] == kernel)
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{fmt} {kernel}")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(0.95, color="red", lw=0.8, ls=":", label="issue 22 goal (0.95×)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens M")
     ax.set_ylabel("× bf16 F.linear (Llama-3.1-8B layer)")
-    ax.set_title(f"wgmma prototype vs mma.sync, {device}")
+    ax.set_title(f"wgmma vs mma.sync, {device}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

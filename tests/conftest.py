@@ -17,9 +17,9 @@ def _cuda_available() -> bool:
         return False
 
 
-# The GPU suite's longest files (docs/results/gpu_suite_times_h200_2026-12-02c.txt: the MoE references take 17 s a
-# test on average, the wgmma matrix up to a minute): run first, so that xdist, which hands tests out in collection
-# order, does not leave them for the end of a time-limited device call while the short ones fill the tail.
+# The GPU suite's longest files (each test's seconds: B12X_TEST_TIMES; the MoE references take the longest a test
+# on average, the wgmma matrix up to a minute): run first, so that xdist, which hands tests out in collection order,
+# does not leave them for the end of a time-limited run while the short ones fill the tail.
 LONGEST_FIRST = ("test_moe_tiles.py", "test_mma_moe.py", "test_wgmma_gemm.py", "test_mma_gemm.py", "test_tiles.py")
 
 
@@ -44,7 +44,7 @@ def rng(request) -> np.random.Generator:
 
 def pytest_runtest_logreport(report):
     """B12X_TEST_TIMES=FILE appends each test's outcome and seconds as it finishes (from every xdist worker): a
-    device run cut short by its time limit still says what ran and what took the time."""
+    GPU run cut short by its time limit still says what ran and what took the time."""
     path = os.environ.get("B12X_TEST_TIMES")
     if getattr(report, "node", None) is not None:  # xdist's controller relaying a worker's report: the worker wrote it
         return

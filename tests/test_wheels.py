@@ -77,8 +77,8 @@ def test_wheels_install_in_a_fresh_venv_and_the_demo_checkpoint_runs(tmp_path):
     bindir = venv / "bin"
     # cwd: `python -m pip` puts its working directory on sys.path, and the repository's is not the fresh environment
     installing = run(bindir / "python", "-m", "pip", "install", TORCH, *wheels, env=env, cwd=tmp_path)
-    # pip once reported success here with b12x-formats and b12x-core missing from the environment (CI, 2026-12-04;
-    # not reproduced): say what pip did if that happens again, rather than fail later on a missing console script
+    # pip has reported success here with b12x-formats and b12x-core missing from the environment (in CI, not
+    # reproduced): say what pip did if that happens again, rather than fail later on a missing console script
     installed = run(bindir / "python", "-m", "pip", "list", "--format=freeze", env=env, cwd=tmp_path).lower()
     missing = [n for n in PACKAGES if f"{n}==" not in installed]
     assert not missing, f"pip left out {missing}:\n{installing[-4000:]}"

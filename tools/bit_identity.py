@@ -5,7 +5,7 @@ on fixed seeded inputs: each tree runs in a process of its own and saves its out
     python tools/bit_identity.py OLD_ROOT NEW_ROOT [OLD_KERNELS]   # each ROOT holds packages/b12x-{formats,core}/src
     python tools/bit_identity.py --emit OUT.pt          # (internal) this process's tree's outputs
 
-A refactor that moves code (issue 21) must leave every output equal bit for bit. The installed b12x_kernels
+A refactor that moves code must leave every output equal bit for bit. The installed b12x_kernels
 serves the new tree; OLD_KERNELS (a `pip install --target` folder of the old tree's b12x_kernels) the old one,
 when the refactor changed the kernels' interface too.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Before a device call: csrc/*.cu through nvcc's front end (host and device code for sm_90a, no ptxas), in parallel,
-# so a compile error costs a few minutes here instead of a device start and a build there (twenty-fourth session: a
-# name clash in a file not compiled here lost a call). Exit status 1 if any file fails.
+# Before a GPU build: csrc/*.cu through nvcc's front end (host and device code for sm_90a, no ptxas), in parallel, on
+# any machine with nvcc, so a compile error (a name clash in a file the last build did not compile, say) costs a few
+# minutes here instead of a GPU machine's build. Exit status 1 if any file fails.
 #   bash tools/csrc_check.sh [csrc/x.cu ...]   default: every .cu file of b12x-kernels
 set -uo pipefail
 cd "$(dirname "$0")/../packages/b12x-kernels"

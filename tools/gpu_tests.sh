@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU tests on a CUDA machine, in the machine's own Python (the lent device has no network, so no venvs):
+# GPU tests on a CUDA machine, in the machine's own Python (it may have no network, so no venvs):
 # build the extension there, check its fat binary, run the @pytest.mark.gpu tests. `nox -s gpu` calls this.
 #   bash tools/gpu_tests.sh --fast [pytest args]   the fast tier: sm_90 build, every backend × format it serves
 #                                                  once (tests marked fast), ≈3 minutes on an H200
 #   bash tools/gpu_tests.sh [pytest args]          the full matrix, sharded over pytest-xdist workers
 #   bash tools/gpu_tests.sh tests/x.py::test_y ...  only those tests (paths given replace the default set)
 # B12X_CUDA_ARCHS (default: 90 for --fast, every architecture otherwise), B12X_GPU_WORKERS (default 12),
-# B12X_TEST_TIMES=FILE (each test's seconds as it finishes), B12X_WHEEL (tools/device_env.sh) pass through.
+# B12X_TEST_TIMES=FILE (each test's seconds as it finishes), B12X_WHEEL (tools/gpu_env.sh) pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marker="gpu"
@@ -15,7 +15,7 @@ if [ "${1:-}" = "--fast" ]; then
   marker="gpu and fast"
   export B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
 fi
-source tools/device_env.sh
+source tools/gpu_env.sh
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 install_kernels

@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# A kernel change against the kernels it replaces, in one device call: builds b12x-kernels twice in parallel (the
+# A kernel change against the kernels it replaces, in one run on a GPU: builds b12x-kernels twice in parallel (the
 # working tree's, and the same package with the CUDA sources in BASE_CSRC), then runs each command once a build,
 # the base build first. In a command, {ab} is "base" or "new" (name the output files by it); a command without {ab}
-# runs once, on the new build. Benchmarks then time
-# both kernels in the same run against the same bf16 baseline.
-#   git archive HEAD packages/b12x-kernels/csrc | tar -x -C .ab    # here: the base sources (.ab is git-ignored)
+# runs once, on the new build. Benchmarks then time both kernels in the same run against the same bf16 baseline.
+#   git archive HEAD packages/b12x-kernels/csrc | tar -x -C .ab    # the base sources (.ab is git-ignored)
 #   bash tools/kernel_ab.sh .ab/packages/b12x-kernels/csrc "python3 benchmarks/mma_linear.py --out \$OUT/x_{ab}.json"
-# The device call carries .ab (and .whl for the tests' wheels). The new build's wheel is left in /tmp/ab_new for
-# tools/gpu_tests.sh (B12X_WHEEL) and installed; the base build goes to /tmp/ab_base, first on PYTHONPATH while its
-# commands run. B12X_CUDA_ARCHS defaults to 90.
+# The GPU machine's copy of the tree carries .ab (and .whl for the tests' wheels). The new build's wheel is left in
+# /tmp/ab_new for tools/gpu_tests.sh (B12X_WHEEL) and installed; the base build goes to /tmp/ab_base, first on
+# PYTHONPATH while its commands run. B12X_CUDA_ARCHS defaults to 90.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base_csrc="${1:?usage: tools/kernel_ab.sh BASE_CSRC COMMAND...}"
 shift
-source tools/device_env.sh
+source tools/gpu_env.sh
 export B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" CMAKE_BUILD_PARALLEL_LEVEL=8 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)

@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# One device call after a tensor-core kernel change (issues 22 and 23): build sm_90 from the tree (and keep the wheel
-# in OUT/whl for later calls to carry in .whl/), the kernels' GPU tests, the wgmma-vs-mma.sync-vs-bf16 layer
-# benchmark, Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and
-# compute-sanitizer over the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
+# Profile the tensor-core kernels on a GPU after a change to them: build sm_90 from the tree (and keep the wheel in
+# OUT/whl, to install again with B12X_WHEEL), the kernels' GPU tests, the wgmma-vs-mma.sync-vs-bf16 layer benchmark,
+# Nsight Compute on the wgmma kernel and on the one-token path, the decode step's kernels, and compute-sanitizer over
+# the tensor-core kernels. Every step has a time limit; logs and JSON under OUT.
 #   bash tools/kernel_profile.sh OUT
-# Steps are skipped by SKIP="tests bench ablate sweep pdl linears ncu ncu_wgmma decode model sanitize" (ncu_wgmma:
-# the wgmma kernels' profiles within ncu); TESTS (TESTS_S: its time limit),
-# BENCH, ABLATE, SWEEP, PDL, LINEARS (mma_linear.py's arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA,
-# NCU_WS, NCU_MMA, DECODE, MODEL override their arguments; NCU_WS_ABLATE=MODE also profiles NCU_WS's cases in that
-# ablation mode; NCU_EXTRA adds Nsight Compute arguments to the wgmma profiles (e.g. "--section SourceCounters": where
-# the warps stall: a summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS
-# instruction's stall samples (ncu_source.csv). (ablate: benchmarks/ws_ablation.py, the warp-specialized
-# kernel without each part of its work.) The device returns at most 8 files: everything but the wheel is packed into
-# OUT/results.tar.gz at the end.
+# Steps are skipped by SKIP="tests bench sweep pdl linears ncu ncu_wgmma decode model sanitize" (ncu_wgmma: the wgmma
+# kernel's profile within ncu); TESTS (TESTS_S: its time limit), BENCH, SWEEP, PDL, LINEARS (mma_linear.py's
+# arguments), PDL_MODEL (model_decode.py's), NCU_WGMMA, NCU_MMA, DECODE, MODEL override their arguments; NCU_EXTRA
+# adds Nsight Compute arguments to the wgmma profile (e.g. "--section SourceCounters": where the warps stall: a
+# summary); NCU_SOURCE="KERNEL_REGEX CASE" saves one launch's report with every SASS instruction's stall samples
+# (ncu_source.csv). Everything but the wheel is packed into OUT/results.tar.gz at the end (one file to copy back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top="${1:?usage: tools/kernel_profile.sh OUT}"
@@ -22,7 +19,7 @@ t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" CMAKE_BUILD_PARALLEL_LEVEL=16
-source tools/device_env.sh
+source tools/gpu_env.sh
 if [ -n "$B12X_WHEEL" ]; then
   install_kernels > "$out/build.log" 2>&1
 else
@@ -41,17 +38,12 @@ if ! skip bench; then
     ${BENCH:---formats NVFP4,FP8 --ms 1,16,64,128,256,1024,4096 --replays 20} > "$out/bench.log" 2>&1
   say "bench: exit $?"; tail -30 "$out/bench.log"
 fi
-if ! skip ablate; then
-  timeout 150 python3 benchmarks/ws_ablation.py --out "$out/ws_ablation.json" ${ABLATE:---ms 128,1024} \
-    > "$out/ws_ablation.log" 2>&1
-  say "ws ablation: exit $?"; cat "$out/ws_ablation.log" | cut -c1-200
-fi
 if ! skip sweep; then
   timeout 240 python3 benchmarks/mma_linear.py --model 8b --sweep --rt 1 --out "$out/sweep.json" \
     ${SWEEP:---formats NVFP4,IQ2_XS,FP8,Q8_0 --ms 1,4 --replays 20} > "$out/sweep.log" 2>&1
   say "sweep: exit $?"; grep -E "^M=" "$out/sweep.log" | cut -c1-150
 fi
-if ! skip pdl; then  # programmatic dependent launch against plain launches, same run (mma_linear) and same call (model)
+if ! skip pdl; then  # programmatic dependent launch against plain launches, same run (mma_linear) and one after the other (model)
   timeout 150 python3 benchmarks/mma_linear.py --model 8b --pdl-ab --rt 1 --out "$out/pdl_linear.json" \
     ${PDL:---formats NVFP4,FP8,IQ2_XS --ms 1,4,16 --replays 20} > "$out/pdl_linear.log" 2>&1
   say "pdl linear: exit $?"; grep -E "^M=" "$out/pdl_linear.log" | cut -c1-150
@@ -73,18 +65,6 @@ if ! skip ncu && ! skip ncu_wgmma; then
     --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WGMMA:-NVFP4:28672x4096:1024:16:1} \
     > "$out/ncu_wgmma.log" 2>&1
   say "ncu wgmma: exit $?"
-  timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 ${NCU_EXTRA:-} --section SpeedOfLight \
-    --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
-    --section MemoryWorkloadAnalysis python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
-    > "$out/ncu_ws.log" 2>&1
-  say "ncu wgmma ws: exit $?"
-  if [ -n "${NCU_WS_ABLATE:-}" ]; then  # the same cases without parts of the work (ws_ablation.py's modes, e.g. 3)
-    B12X_WS_ABLATE="$NCU_WS_ABLATE" timeout 120 ncu --clock-control none -k regex:wgmma_ws_gemm_kernel --launch-skip 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis_Tables python3 benchmarks/wgmma_profile.py ${NCU_WS:-NVFP4:28672x4096:1024:32:1:2} \
-      > "$out/ncu_ws_ablate.log" 2>&1
-    say "ncu wgmma ws, B12X_WS_ABLATE=$NCU_WS_ABLATE: exit $?"
-  fi
 fi
 if ! skip ncu; then
   if [ -n "${NCU_SOURCE:-}" ]; then

@@ -160,7 +160,7 @@ def test_an_unmeasured_key_gets_the_defaults_and_explain_says_so():
     q = query("FP8", "fp8_token", SM120)
     basis, _, decisions = plan.choose(q, entries=())
     assert "conservative defaults" in basis and "sm_120" in basis
-    assert decisions[0].backend.name == "cuda_gemv" and decisions[0].hi == 16  # the M=1 case: the GEMV
+    assert decisions[0].backend.name == "cuda_gemv" and decisions[0].hi == 16  # M=1: the GEMV
 
 
 @pytest.mark.parametrize("fmt,mode", PAIRS, ids=str)

@@ -1,5 +1,5 @@
-"""Zero tokens (an empty batch) give empty outputs for every op, format and activation mode (issue 14, case 6:
-the quantized-activation modes used to fail with "cannot reshape tensor of 0 elements")."""
+"""Zero tokens (an empty batch) give empty outputs for every op, format and activation mode (the
+quantized-activation modes used to fail with "cannot reshape tensor of 0 elements")."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
-"""Checkpoint files: never lose a user's data, never load a broken checkpoint (issue 14).
+"""Checkpoint files: never lose a user's data, never load a broken checkpoint.
 
-Each test names the numbered case of the issue it covers; each failed before the fix.
+The tests are grouped by rule, one numbered `case` header each.
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Fuzzing the file readers (issue 14): mutated safetensors headers, index files, quantization_config dicts and
+"""Fuzzing the file readers: mutated safetensors headers, index files, quantization_config dicts and
 GGUF headers, fed to the CLI as a user would.
 
 The property, for every mutated input: the command exits 0 with exactly the tensors an independent reader

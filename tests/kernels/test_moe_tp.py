@@ -1,4 +1,4 @@
-"""Tensor-parallel fused MoE over two GPUs (the lent nvidia-h200-x2): each rank runs its shard of the
+"""Tensor-parallel fused MoE over two GPUs of one host: each rank runs its shard of the
 intermediate dimension (whole blocks, bc.shard_moe_weights) with the CUDA MoE path, NCCL all-reduces the
 partial outputs, and the sum matches the unsharded MoE run on one GPU."""
 
@@ -54,7 +54,7 @@ def test_two_gpu_shards_all_reduce_to_unsharded(tmp_path, rng, fmt, act):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path / "y.pt")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # the lent machine: NVLink multicast stays off
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off: not every host's driver allows it
     mp.start_processes(_rank, args=(port, fmt, act, seed, out), nprocs=2, start_method="spawn")
     saved = torch.load(out)
     summed, partials = saved["summed"], saved["partials"]

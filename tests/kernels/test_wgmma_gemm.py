@@ -4,7 +4,7 @@ and the tensor_core_wgmma backend).
 On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
 run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; tensor_core_moe_wgmma) is held to the
 mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
-under every token tile (and the warp-specialized form, rt = 2, at its 64-256-token tiles), K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
+under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
 several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
 (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
 to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset); the
@@ -31,7 +31,6 @@ FACTOR_FORMATS = ["FP8_BLOCK", "IQ2_XS", "IQ2_XXS"]  # a per-chunk fp32 factor f
 FACTOR_MTS = [1, 2, 4, 8]
 MS = [1, 7, 37, 129, 200]
 MTS = [1, 2, 4, 8, 16]
-WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -53,8 +52,7 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         (dict(mt=3), {}, "mt must be"),
         (dict(mt=32), {}, "mt must be"),
         (dict(rt=3), {}, "rt must be 1"),
-        (dict(rt=2, mt=4), {}, "with rt 2, mt must be 8, 16 or 32"),
-        (dict(rt=2, mt=8, format=format_id("IQ2_XS")), {}, "format must be"),
+        (dict(rt=2), {}, "rt must be 1"),
         (dict(splits=0), {}, "splits must be"),
         (dict(splits=2), {}, "splits must be"),  # one chunk
         (dict(K=100), {}, "K % 8"),
@@ -74,7 +72,6 @@ WS_MTS = [8, 16, 32]  # the warp-specialized form's (rt = 2)
         (dict(tiles=12), {}, "tiles must be 8, or 16"),
         (dict(tiles=16, mt=4), {}, "tiles must be 8, or 16"),
         (dict(tiles=16, mt=8, format=format_id("FP8"), chunks=2), {}, "tiles must be 8, or 16"),
-        (dict(tiles=16, mt=8, rt=2), {}, "tiles must be 8, or 16"),
         (dict(tiles=16, mt=8), dict(order=16, table=16, blocks=1), "grouped form runs 128-row CTAs"),
         (dict(resident=1), {}, "resident activations are mma_gemm's"),
         (dict(x_quant=1, x_quant_scale=1.0), {}, "quantized in the kernel are mma_gemm's"),
@@ -103,12 +100,6 @@ def test_token_tiles_and_staging_sizes():
         assert all(8 * mt >= m for m, mt in zip(ms, tiles, strict=True) if m <= 16)
     assert wgmma.FORMATS == tuple(FORMATS) and wgmma.TOKEN_TILES == tuple(MTS)
     assert wgmma.FACTOR_FORMATS == tuple(FACTOR_FORMATS) and wgmma.FACTOR_TOKEN_TILES == tuple(FACTOR_MTS)
-    assert wgmma.WS_TOKEN_TILES == tuple(WS_MTS)
-    for mt in WS_MTS:  # one CTA an SM: K split to fill 132 SMs with 4096 rows (32 row blocks) at 64 tokens
-        config = wgmma.ws_config(64, 4096, 64, 132, mt)
-        assert config.rt == 2 and config.mt == mt and 1 <= config.splits <= 16
-    with pytest.raises(ValueError, match="token tile"):
-        wgmma.ws_config(64, 4096, 64, 132, 4)
     for mt in wgmma.WIDE_TOKEN_TILES:  # 256-row CTAs, one an SM: 16 row blocks of 4096 rows at 64 tokens, K split
         config = wgmma.wide_config(64, 4096, 64, 132, mt)
         assert config.tiles == 16 and config.rt == 1 and config.mt == mt and 1 < config.splits <= 16
@@ -252,20 +243,6 @@ def test_factor_formats_match_the_reference_and_the_mma_kernel(rng, hopper, fmt)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_warp_specialized_form_matches_the_reference_and_the_mma_kernel(rng, hopper, fmt):
-    """rt = 2: one warpgroup decodes into shared memory, two multiply (csrc/wgmma_ws_gemm.cuh). M covers a partial
-    warpgroup (37: the second warpgroup's tokens past M at 64-token tiles), several token tiles (300) and whole ones;
-    N the same tails as above (a dead decoding warp, a partial tile); K whole and split."""
-    from b12x_core.tensor_core import gemm
-
-    def configs_of(chunks):
-        return [gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in sorted({1, min(3, chunks)})]
-
-    _held_to_the_reference_and_the_mma_kernel(rng, fmt, [1, 37, 129, 300], configs_of)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4"])
 def test_256_row_ctas_match_the_reference_and_the_mma_kernel(rng, hopper, fmt):
     """tiles = 16: four warpgroups a CTA, each decode group's wgmmas a group of their own (csrc/wgmma_gemm.cu). N as
@@ -311,7 +288,7 @@ def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
     n, k = 256, 512
     qw, shards = _case(rng, "MXFP4", n, k)
     x = torch.randn(37, k, device="cuda").to(torch.bfloat16)
-    for config in (gemm.MmaConfig(4, 1), gemm.MmaConfig(8, 2), gemm.MmaConfig(8, 1, rt=2), gemm.MmaConfig(16, 2, rt=2)):
+    for config in (gemm.MmaConfig(4, 1), gemm.MmaConfig(8, 2), gemm.MmaConfig(16, 1)):
         mma = _run(x, shards, n, None, gemm.MmaConfig(4, config.splits), epilogue, wgmma_form=False)
         close(_run(x, shards, n, None, config, epilogue), mma)
 
@@ -319,13 +296,12 @@ def test_moe_epilogues_equal_the_mma_kernels(rng, hopper, epilogue):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["NVFP4", "FP8", "IQ2_XS", "FP8_BLOCK"])
 def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
-    """Every token tile, K whole and split (the warp-specialized form too where the format has one); two in a CUDA
-    graph replayed on new inputs."""
+    """Every token tile, K whole and split; two in a CUDA graph replayed on new inputs."""
     from graphs import capture
 
     from b12x_core.tensor_core import gemm, geometry, wgmma
 
-    factor = fmt in FACTOR_FORMATS  # no warp-specialized form, tiles up to 64 tokens
+    factor = fmt in FACTOR_FORMATS  # tiles up to 64 tokens
     n, k = 384, 8 * geometry.chunk_k(fmt)
     qw, shards = _case(rng, fmt, n, k)
     w64 = torch.from_numpy(bf.dequantize(qw)).double()
@@ -335,15 +311,14 @@ def test_repeats_are_bit_identical_and_graphs_replay(rng, hopper, fmt):
         dense += [
             gemm.MmaConfig(mt, splits, tiles=wgmma.WIDE_TILES) for mt in wgmma.WIDE_TOKEN_TILES for splits in (1, 4)
         ]
-    warp_specialized = [] if factor else [gemm.MmaConfig(mt, splits, rt=2) for mt in WS_MTS for splits in (1, 4)]
-    for config in dense + warp_specialized:
+    for config in dense:
         first = _run(x, shards, n, None, config)
         assert torch.equal(first, _run(x, shards, n, None, config)), config
     y = torch.empty(37, n, dtype=torch.bfloat16, device="cuda")
     staged = torch.empty(wgmma.staged_bytes(fmt, 37, k), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream
     wide = [] if fmt not in wgmma.WIDE_FORMATS else [gemm.MmaConfig(16, 4, tiles=wgmma.WIDE_TILES)]
-    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4, rt=1 if factor else 2), *wide):
+    for config in (gemm.MmaConfig(2, 4), gemm.MmaConfig(8, 4), *wide):
         ws = gemm.MmaWorkspace.create(37, n, config.splits, config.mt, "cuda")
         graph, _ = capture(lambda: wgmma.run(x, shards, y, None, config, ws, staged, stream().cuda_stream))  # noqa: B023
         for _ in range(3):
@@ -386,8 +361,7 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     """A fused MoE's two GEMMs over a block table (gate/up: the slots' input rows gathered, SiLU of the interleaved
     gate / up rows; down: float32 slot rows per K split) on the prepared expert stacks of the tensor-core MoE
     backend: the wgmma form with 32-, 64- and 128-token blocks (IQ2, whose per-chunk factor takes a second
-    accumulator set: 32 and 64), and its warp-specialized form with 64-, 128- and 256-token blocks (not IQ2), equal
-    the mma.sync form (32-token blocks, the largest it has) slot by slot, up to the summation order; split-K tickets
+    accumulator set: 32 and 64), equal the mma.sync form (32-token blocks, the largest it has) slot by slot, up to the summation order; split-K tickets
     left zero."""
     from test_moe_tiles import alone, problem
 
@@ -402,12 +376,12 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
     moe = alone(p, w13, w2, backend=TensorCoreMoE).rows[0].backend
     x, ids, slots, rows13 = x.cuda(), ids.cuda(), t * top_k, moe.w13.shard.n
 
-    def both_gemms(form, mt, s13, s2, act_in=None, rt=1):
+    def both_gemms(form, mt, s13, s2, act_in=None):
         """(SiLU activations, down rows summed over the K splits) of one form under 8·mt-token blocks; the down
         GEMM reads `act_in` when given (the reference's activations), else its own."""
         table = block_table(ids, e, 8 * mt)
-        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13, rt), inter, "silu", moe.w13.row_scale, top_k)
-        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2, rt), 0, "f32", moe.w2.row_scale)
+        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
+        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
         slabs = min(s2, moe.w2.shard.chunks)  # the plan splits K at most into its chunks: one float32 slab each
         tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
         partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
@@ -422,8 +396,7 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
 
     for s13, s2 in ((1, 1), (2, 3)):
         act_mma, down_mma = both_gemms("mma", 4, s13, s2)
-        forms = ((4, 1), (8, 1)) if iq2 else ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2))  # rt 2: warp-spec.
-        for mt, rt in forms:
-            act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma, rt=rt)
+        for mt in (4, 8) if iq2 else (4, 8, 16):
+            act_wg, down_wg = both_gemms("wgmma", mt, s13, s2, act_in=act_mma)
             close(act_wg, act_mma)
             close(down_wg, down_mma)

@@ -80,8 +80,8 @@ struct MmaPlan {
   int N;                          // weight rows (per expert when grouped)
   int K;                          // a multiple of 8
   int chunks;                     // K chunks in the repacked weight (K padded to the format's chunk)
-  int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)
-  int rt;                         // row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)
+  int mt;                         // token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)
+  int rt;                         // row tiles of 16 per warp (mma_gemm: 1 or 2; wgmma_gemm: 1)
   int splits;                     // K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)
   int tiles;                      // row tiles of 16 per CTA: 8; mma_gemm 6 / 7 at mt 1 and rt 1; wgmma_gemm 16 (FP4, mt 8 / 16)
   int epilogue;                   // MmaOut

@@ -91,9 +91,7 @@ cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stre
 // whose decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of rows × chunks ×
 // the format's chunk K bf16 values (rows = M rounded up to 8, or blocks · 8·mt when grouped): x in the B operand's
 // order, gathered per slot when grouped, written by a small kernel before the GEMM (two launches per call). On other
-// devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice. rt = 2 runs its warp-specialized
-// form (wgmma_ws_gemm.cuh: one warpgroup decodes into shared memory, two multiply from it; mt 8, 16 or 32; grouped
-// too).
+// devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice.
 const char* wgmma_plan_error(const MmaPlan& plan);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);

@@ -9,8 +9,9 @@
 //   returns once the previous kernel has finished and its writes are visible, so a kernel's completion implies its
 //   predecessor's, and the chain stays ordered as a plain stream is (bit-identical results, CUDA graphs included).
 // - grid_dependents_launch() lets the next kernel be scheduled once every CTA of this one has called it (or ended);
-//   the kernels call it after their main loop. Called first thing instead (measured on the H200, Llama-3.1-8B layer),
-//   the next kernel's CTAs took SM slots early and waited there: NVFP4 and FP8 at 1-4 tokens ran 20-25% slower.
+//   the kernels call it after their main loop. Called first thing instead, the next kernel's CTAs took SM slots early
+//   and waited there: NVFP4 and FP8 at 1-4 tokens ran 20-25% slower (`benchmarks/mma_linear.py --model 8b --pdl-ab`
+//   on a build with the call moved).
 // Without PDL (or on a kernel without a programmatic predecessor) both are no-ops.
 #pragma once
 #include <cuda_runtime.h>

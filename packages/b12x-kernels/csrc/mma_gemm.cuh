@@ -41,13 +41,11 @@ constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 row
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
 // busy SMs'; 112-row CTAs (256) give nearly every SM two (gemm.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
-// IQ2 tables: copies spread over banks (16: at most 2 lanes share a bank). B12X_IQ2_REPLICAS (an experiment's build
-// switch, defined in no shipped build) sets another power of two: 8 halves IQ2_XS's 40 KB of tables, which would let
-// its grouped (MoE) CTAs fit SM12x's 99 KB a block; a device A/B (tools/kernel_ab.sh) says what the conflicts cost.
-#ifndef B12X_IQ2_REPLICAS
-#define B12X_IQ2_REPLICAS 16
-#endif
-constexpr int kReplicas = B12X_IQ2_REPLICAS;
+// IQ2 tables: 16 copies spread over banks, so at most 2 lanes share a bank. 8 would halve IQ2_XS's 40 KB of tables
+// and let its grouped (MoE) CTAs fit SM12x's 99 KB a block; on Hopper it times the same (tools/kernel_ab.sh with the
+// value changed, then `benchmarks/mma_linear.py --model 8b --per-linear --formats IQ2_XS,IQ2_XXS --ms 1,4,8`), so it
+// waits for SM12x's GPU tests. A power of two: a word index's byte offset is a shift.
+constexpr int kReplicas = 16;
 constexpr int kReplicaShift =  // log2 of a word's replicas in bytes
     kReplicas == 4 ? 4 : kReplicas == 8 ? 5 : kReplicas == 16 ? 6 : kReplicas == 32 ? 7 : -1;
 static_assert(kReplicaShift > 0, "IQ2 table replicas: 4, 8, 16 or 32 (a word index's byte offset is a shift)");
@@ -413,8 +411,8 @@ constexpr int table_words() {
 }
 // IQ2's grid and sign words into shared memory, replica r of word i at i * kReplicas + r (a splat 16-byte piece
 // per 4 replicas). Every thread's loads go out before its first store, so the fill waits one memory latency rather
-// than one a word (before: the hottest instruction at one token, the STS waiting on its __ldg, docs/performance.md
-// 2026-12-03), and a warp's stores are consecutive pieces (no bank conflict). The kernels call it after the weights'
+// than one a word (a store after each load was the hottest instruction at one token, the STS waiting on its __ldg:
+// tools/kernel_profile.sh's NCU_SOURCE page), and a warp's stores are consecutive pieces (no bank conflict). The kernels call it after the weights'
 // first copies are issued; their first chunk's barrier publishes the tables.
 template <class F, int THREADS>
 __device__ __forceinline__ void fill_tables(uint32_t* tab, const uint32_t* words) {
@@ -457,8 +455,8 @@ constexpr int min_blocks() {
 // Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
 // tile's live rows (at most 8: dense, its tokens; grouped, its block's slots, at most min(M, 8) since M counts the
 // slots) over the whole K range of its split, loaded once with the first weights, so the
-// main loop has no CTA barrier a stage (docs/performance.md 2026-12-03: the stage barrier was the one-token kernel's
-// hottest stall). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
+// main loop has no CTA barrier a stage (the stage barrier was the one-token kernel's hottest stall in Nsight
+// Compute: tools/kernel_profile.sh's NCU_SOURCE page). A row holds the split's chunks in the staged layout's swizzle (chunk-relative: KB/8 pieces a chunk
 // keep the swizzle bits), padded by E/2 elements like a stage row.
 template <class F>
 __host__ __device__ constexpr int resident_row_elems(int chunks_per_split) {
@@ -522,8 +520,8 @@ __device__ __forceinline__ int tile_rows(const MmaParams& p, int mtile, int* src
 // writes its rows into src_row / dst_row (−1 past the block's slots) and their count into *live. Returns the block's
 // expert, or −1 past the routing's work (uniform). `scratch` is dynamic shared memory nothing else uses yet
 // (route_scratch_bytes: the counts per expert and the ids). Every thread calls it (barriers). Costs a few
-// shared-memory passes over ≤ 1024 slots, where the table took a launch of its own before the GEMM
-// (docs/performance.md, 2026-12-04).
+// shared-memory passes over ≤ 1024 slots, where the table would take a launch of its own before the GEMM
+// (benchmarks/moe.py times both: tensor_core_moe and its "@unfused" form).
 constexpr int kRouteMaxSlots = MMA_ROUTE_MAX_SLOTS, kRouteMaxExperts = MMA_ROUTE_MAX_EXPERTS;
 constexpr int route_scratch_bytes() { return 4 * (kRouteMaxSlots + kRouteMaxExperts); }
 template <int TOK, int THREADS>
@@ -755,9 +753,9 @@ __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][
   // The sums, in split order (deterministic). The loads of SB splits × JB token groups of the thread's accumulators
   // are issued before any of them is added: a loop over the splits inside each accumulator's waited one L2 round
   // trip per accumulator and split, and the last CTA of an output tile held its SM that long (tens of µs at 128
-  // tokens: Nsight Compute, 2026-12-02). At most 32 loads in flight a thread: more spill where the launch bounds cap
-  // the registers (the one-token tiles, the warp-specialized kernel's 256-token tiles). acc is dead here (its values
-  // are in the partials), so only the sums of one block of token groups are live.
+  // tokens in Nsight Compute). At most 32 loads in flight a thread: more spill where the launch bounds cap the
+  // registers (the one-token tiles). acc is dead here (its values are in the partials), so only the sums of one block
+  // of token groups are live.
   constexpr int JB = RT * MT * 4 <= 32 ? MT : 32 / (RT * 4);
   constexpr int SB = 32 / (RT * JB * 4) > 0 ? 32 / (RT * JB * 4) : 1;
   static_assert(MT % JB == 0, "whole blocks of token groups");

@@ -1,8 +1,7 @@
 #pragma once
-// What the Hopper (sm_90a) tensor-core GEMMs share: the PTX they are written in (warpgroup MMAs with the A operand in
-// registers or in shared memory, mbarriers, bulk copies, L2 policies, shared-memory matrix descriptors) and the
-// kernels that stage x in the B operand's shared-memory order. wgmma_gemm.cu (every warp decodes and multiplies) and
-// wgmma_ws_gemm.cuh (a decoding warpgroup feeds two multiplying ones) include it.
+// What the Hopper (sm_90a) tensor-core GEMM is written in: the PTX (warpgroup MMAs with the A operand in registers,
+// mbarriers, bulk copies, L2 policies, shared-memory matrix descriptors) and the kernels that stage x in the B
+// operand's shared-memory order. wgmma_gemm.cu (every warp decodes and multiplies) includes it.
 #include "mma_gemm.cuh"
 
 // The kernel bodies exist only in the sm_90a pass: wgmma is an sm_90a instruction. Other passes (sm_120a, sm_121a)
@@ -49,31 +48,6 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
-  }
-}
-// bar_wait for kernels that have not yet run on a GPU: a wait longer than kHangNs (a deadlock: a phase nobody
-// completes) traps, so a test fails in seconds ("unspecified launch failure"; compute-sanitizer names the line)
-// instead of hanging until its timeout. No printf: a call would make ptxas serialize the kernel's wgmmas (C7510).
-// The clock is read only after the first failed try.
-constexpr unsigned long long kHangNs = 5000000000ull;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long ns;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
-  return ns;
-}
-__device__ __forceinline__ void bar_wait_bounded(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  unsigned long long since = 0;
-  while (true) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    const unsigned long long now = global_ns();
-    if (!since) since = now;
-    else if (now - since > kHangNs) asm volatile("trap;");
   }
 }
 // L2 policies: evict_first for bytes read once (the weights), evict_last for bytes every row block re-reads (x).
@@ -203,105 +177,6 @@ __device__ __forceinline__ void mma_async<128>(float (&d)[64], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
       : "memory");
 }
-// d += A (64 × 16 bf16) · B (16 × N bf16), both from shared memory through their descriptors (K-major, no swizzle):
-// scale-d = 1, imm-scale-a = imm-scale-b = 1, imm-trans-a = imm-trans-b = 0. wgmma_ws_gemm.cuh's multiply, its A
-// decoded into shared memory by another warpgroup.
-template <int N>
-__device__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b);
-
-template <>
-__device__ __forceinline__ void mma_ss<32>(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(1)
-      : "memory");
-}
-
-template <>
-__device__ __forceinline__ void mma_ss<64>(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(1)
-      : "memory");
-}
-
-template <>
-__device__ __forceinline__ void mma_ss<128>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(1)
-      : "memory");
-}
-
-template <>
-__device__ __forceinline__ void mma_ss<256>(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(1)
-      : "memory");
-}
-
-// A plain arrival (no transaction bytes) on an mbarrier.
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
 #endif  // B12X_WGMMA_DEVICE
 
 // ---------------------------------------------------------------------------------------------- stage_x
@@ -309,8 +184,7 @@ __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
 // shared-memory order (wgmma_gemm.cu's header): a sub-chunk is SUB of the chunk's KB columns (its k16 steps
 // SUB/16·h .. +SUB/16 — four lane elements of every lane per step, so SUB consecutive steps, not consecutive k),
 // and within a group block step s' of the sub-chunk sits at s'·256, its K halves 128 bytes apart, token r at 16·r,
-// lane slot t at 4·t. SUB = KB (one block per chunk and group) is wgmma_gemm.cu's order; wgmma_ws_gemm.cuh stages
-// 64-column sub-chunks, so each of its shared-memory stages is one contiguous copy.
+// lane slot t at 4·t. SUB = KB (one block per chunk and group) is wgmma_gemm.cu's order.
 // One thread per 16-byte piece of x (token m, chunk c, lane slot t, elements 8j..8j+7 of the slot's E):
 // a coalesced load, its four 4-byte pairs to steps 2j' and 2j'+1 (j' = j within the slot), K halves 0 and 1.
 
@@ -373,8 +247,8 @@ __global__ void stage_x_grouped_kernel(const MmaParams p, uint8_t* __restrict__ 
 #endif
 }
 
-// fn(F{}) for the formats the wgmma kernels decode (no per-chunk fp32 scale), `fallback` for others; the kernels'
-// with_config add their token tiles on top.
+// fn(F{}) for the formats the wgmma kernel decodes without a per-chunk fp32 scale, `fallback` for others;
+// wgmma_gemm.cu's with_config adds its token tiles on top.
 template <class R, class Fn>
 R with_wgmma_format(int format, R fallback, Fn&& fn) {
   switch (format) {
@@ -390,11 +264,5 @@ R with_wgmma_format(int format, R fallback, Fn&& fn) {
 bool on_sm90(int device);  // the device runs sm_90a code (compute capability 9.0 exactly); wgmma_gemm.cu
 
 }  // namespace wgmma
-
-// The warp-specialized form (wgmma_ws_gemm.cuh, dispatched by wgmma_ws_gemm.cu), which wgmma_gemm() runs for plans
-// with rt = 2: whether it runs this format at token tile mt (8·mt tokens a CTA), and its launch (x staging, then the
-// GEMM).
-bool wgmma_ws_token_tile(int format, int mt);
-cudaError_t wgmma_ws_launch(const mma::MmaParams& p, uint8_t* staged, cudaStream_t stream);
 
 }  // namespace b12x

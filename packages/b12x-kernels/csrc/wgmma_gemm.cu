@@ -38,10 +38,10 @@ namespace wgmma {
 
 static_assert(kWarps == 8, "two warpgroups of four warps");
 // Warps (row tiles of 16) a CTA: kWarps (128 rows, two warpgroups), or kWideWarps (256 rows, four warpgroups;
-// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles; unregistered: not yet run on a GPU). Why the wide form: Nsight
-// Compute (docs/performance.md, 2026-12-04) found the tensor pipe busy 44-53% of the time at 64-1024 tokens against
-// cuBLAS's 91-95% on the same wgmma count, with two warps a scheduler at 128-token tiles (32% issue active):
-// too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
+// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles: the plans' FP4 form from wgmma.WIDE_FROM tokens). Why the wide
+// form: Nsight Compute on the 128-row form (tools/kernel_profile.sh's ncu_wgmma step, benchmarks/wgmma_profile.py)
+// found the tensor pipe busy about half the time at 64-1024 tokens against cuBLAS's 91-95% on the same wgmma count,
+// with two warps a scheduler at 128-token tiles (32% issue active): too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
 // their registers (128 a thread) fit because they decode and multiply one decode group at a time (below).
 constexpr int kWideWarps = MMA_WGMMA_WIDE_TILES;
 
@@ -100,9 +100,9 @@ __device__ __forceinline__ void decode_a(const uint4& w0, const uint4& w1, const
   });
 }
 
-// Lean chunks (B12X_LEAN_CHUNK until its A/B on the H200, 2026-12-05: 1-5% faster a layer at 64-4096 tokens, every
-// format; docs/performance.md): fewer bookkeeping instructions a chunk for the same work, where the kernel is
-// issue-bound (64-token tiles: half the cycles issue, Nsight Compute 2026-12-04). (1) The copies are issued by an
+// Lean chunks: fewer bookkeeping instructions a chunk for the same work, where the kernel is issue-bound (64-token
+// tiles: half the cycles issue in Nsight Compute); a few percent faster a layer at 64-4096 tokens, every format
+// (`benchmarks/wgmma_linear.py --formats ...` under tools/kernel_ab.sh against the form without). (1) The copies are issued by an
 // elect.sync lane instead of `lane == 0`: ptxas then issues each bulk copy once, where under the lane test it wraps
 // every one in a loop over the lanes' values (ELECT, BRA.U.ANY: about six instructions a copy). (2) A dead warp's A
 // registers are zeroed once before the chunks, not each chunk: the else-branch's zeroing was hoisted above the decode's
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
   size_t tile_global = tile_base;  // in the stacked weight; grouped: its expert's, from the block table below
   const uint64_t weights_policy = l2_policy_first(), x_policy = l2_policy_last();
   // Addresses computed once (the copy issue is on every chunk's path: 16-20% fewer instructions a chunk than computing
-  // them a copy, and 5-12% faster, docs/performance.md 2026-12-03): shared-memory addresses as 32-bit offsets (no
+  // them a copy, and faster: benchmarks/wgmma_linear.py): shared-memory addresses as 32-bit offsets (no
   // generic-to-shared conversion a copy), the warp's weight stream as base pointers plus the chunk's offset (set
   // again for the expert when grouped, below).
   const uint32_t ring_addr = smem_addr(ring), full_addr = smem_addr(full);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(32 * W, min_blocks<MT, W>()) wgmma_gemm_kernel
         // 256-row CTAs (128 registers a thread): one decode group (two k16 steps) at a time, its two wgmmas a group
         // of their own, the group before waited for before the next decode (ptxas serializes every wgmma of a group
         // whose A registers are written while it is in flight: C7513); 8 registers of A instead of 64. (With two
-        // warpgroups this form measured -2% to +6% against the whole chunk: docs/performance.md, 2026-12-04.)
+        // warpgroups this form gains nothing over the whole chunk, within a few percent either way.)
         fence_operands(d);
         static_for<GROUPS>([&](auto Gc) {
           constexpr int g = decltype(Gc)::value;
@@ -392,9 +392,9 @@ int blocks_per_sm() {  // 0 where it cannot run here (launch.cuh blocks_per_sm_o
 }
 
 // The formats with a per-chunk fp32 factor (F::ACC: FP8_BLOCK, IQ2_XS, IQ2_XXS), which this kernel runs at token
-// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory); held to the reference on the
-// H200 since 2026-12-03. Grouped (an MoE's experts) only IQ2, at 32- and 64-slot blocks: built 2026-12-04 without
-// device time, its test (tests/kernels/test_wgmma_gemm.py) not yet run on a GPU.
+// tiles up to 64 (IQ2_XS's tables and 128-token stages would not fit shared memory). Grouped (an MoE's experts) only
+// IQ2, at 32- and 64-slot blocks. tests/kernels/test_wgmma_gemm.py holds both to the reference and the mma.sync
+// kernel.
 template <class R, class Fn>
 R with_factor_format(int format, R fallback, Fn&& fn) {
   switch (format) {
@@ -469,19 +469,14 @@ const char* wgmma_plan_error(const MmaPlan& p) {
   if (p.x_quant) return "wgmma_gemm: activations quantized in the kernel are mma_gemm's (resident)";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "wgmma_gemm: need N >= 1 and K % 8 == 0";
   if (p.chunks < 1 || p.chunks * ck < p.K) return "wgmma_gemm: the repacked weight covers fewer than K columns";
-  if (p.rt != 1 && p.rt != 2)
-    return "wgmma_gemm: rt must be 1 (a warp decodes one row tile) or 2 (warp-specialized: two a multiplying warp)";
-  if (p.rt == 1 && factor_format(p.format) && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
+  if (p.rt != 1) return "wgmma_gemm: rt must be 1 (a warp decodes one row tile)";
+  if (factor_format(p.format) && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
     return "wgmma_gemm: FP8_BLOCK and IQ2 run mt 1, 2, 4 or 8";
-  if (p.rt == 1 && !with_config(p.format, p.mt, 0, [](auto, auto) { return 1; }))
-    return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
-  if (p.rt == 2 && factor_format(p.format))
-    return "wgmma_gemm: format must be one without a per-chunk fp32 factor for the warp-specialized form (rt 2)";
-  if (p.rt == 2 && !wgmma_ws_token_tile(p.format, p.mt)) return "wgmma_gemm: with rt 2, mt must be 8, 16 or 32";
+  if (!with_config(p.format, p.mt, 0, [](auto, auto) { return 1; })) return "wgmma_gemm: mt must be 1, 2, 4, 8 or 16";
   if (p.splits < 1 || p.splits > p.chunks) return "wgmma_gemm: splits must be in 1..chunks";
   if (p.tiles != kWarps &&
-      !(p.tiles == kWideWarps && p.rt == 1 && with_wide_config(p.format, p.mt, false, [](auto, auto) { return true; })))
-    return "wgmma_gemm: tiles must be 8, or 16 (256-row CTAs) for NVFP4 / MXFP4 at mt 8 or 16 with rt 1";
+      !(p.tiles == kWideWarps && with_wide_config(p.format, p.mt, false, [](auto, auto) { return true; })))
+    return "wgmma_gemm: tiles must be 8, or 16 (256-row CTAs) for NVFP4 / MXFP4 at mt 8 or 16";
   if (p.epilogue < MMA_OUT_BF16 || p.epilogue > MMA_OUT_F32) return "wgmma_gemm: unknown epilogue";
   if (p.epilogue == MMA_OUT_SILU && p.N % 16) return "wgmma_gemm: silu needs N % 16 == 0 (8 gate, 8 up rows per tile)";
   if (p.ldy < p.N && p.epilogue != MMA_OUT_SILU && p.epilogue != MMA_OUT_F32) return "wgmma_gemm: need ldy >= N";
@@ -518,7 +513,6 @@ cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged
     p.block_start = call.table + call.blocks;
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
-  if (plan.rt == 2) return wgmma_ws_launch(p, staged, stream);
   if (plan.tiles == kWideWarps)
     return with_wide_config(plan.format, plan.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
       return launch<decltype(f), decltype(m)::value, kWideWarps>(p, staged, stream);

@@ -16,12 +16,12 @@ import triton.language as tl
 from .format_facts import E4M3_MAX, FP8_BLOCK_SIZE, MX_GROUP, NVFP4_GROUP
 
 # fp8_token's columns per step: one program walks its token's row twice (amax, then codes); 16 tokens × 128
-# columns per program left decode-sized calls on one SM walking K in 128 serial steps (the H200 measured
-# ~210 µs for an 8192-wide FP8 × fp8 per-token linear at M=1, every backend alike).
+# columns per program left decode-sized calls on one SM walking K in 128 serial steps (an 8192-wide FP8 × fp8
+# per-token linear at M=1 took as long as the whole layer should, every backend alike: benchmarks/decode_kernels.py).
 TOKEN_BLOCK_K = 1024
 # Below this many tokens fp8_token also splits each row's codes over K / TOKEN_BLOCK_K programs (each re-reads the row
 # for its amax, a few KB from L2): one program per token left a one-token call on one SM dividing 4096-14336 values,
-# 9 µs per Llama-3.1-8B linear on the H200 (benchmarks/decode_kernels.py, 2026-12-02), more than the GEMV itself.
+# longer per Llama-3.1-8B linear than the GEMV itself (`benchmarks/decode_kernels.py --formats FP8` re-measures it).
 TOKEN_SPLIT_BELOW = 64
 
 

@@ -36,10 +36,9 @@ TOKEN_TILES = (1, 2, 4)  # mt: 8·mt tokens per CTA
 ROW_TILES_PER_WARP = (1, 2)  # rt
 GEMV_BUCKETS = (1, 2, 4, 8, 16)  # the GEMVs' accumulator buckets (max_m)
 WGMMA_TOKEN_TILES = (1, 2, 4, 8, 16)  # wgmma_gemm's mt: 8·mt tokens per CTA (the wgmma's N)
-WGMMA_WS_TOKEN_TILES = (8, 16, 32)  # its warp-specialized form's (rt = 2): 8·mt tokens per CTA, half per warpgroup
 WGMMA_FORMATS = ("FP8", "MXFP8", "NVFP4", "MXFP4", "Q8_0")  # wgmma_gemm's: decodes without a per-chunk fp32 scale
-# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums (held to the
-# reference on the H200 since 2026-12-03: tests/kernels/test_wgmma_gemm.py).
+# wgmma_gemm also runs these (rt 1, mt up to 8, dense): a per-chunk fp32 factor folded from partial sums
+# (tests/kernels/test_wgmma_gemm.py holds them to the reference).
 WGMMA_FACTOR_FORMATS = ("FP8_BLOCK", "IQ2_XS", "IQ2_XXS")
 WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 # Its grouped form (a fused MoE's GEMMs over the block table: 128-row CTAs, WGMMA_FORMATS) runs these token tiles,
@@ -47,7 +46,7 @@ WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 WGMMA_GROUPED_TOKEN_TILES = (4, 8, 16)
 WGMMA_GROUPED_FACTOR_FORMATS = ("IQ2_XS", "IQ2_XXS")
 # wgmma_gemm's 256-row CTAs (MmaPlan::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles
-# (held to the reference on the H200 since 2026-12-04; the plans' FP4 form from wgmma.WIDE_FROM tokens).
+# (the plans' FP4 form from wgmma.WIDE_FROM tokens).
 WGMMA_WIDE_TILES = 16
 WGMMA_WIDE_FORMATS = ("NVFP4", "MXFP4")
 WGMMA_WIDE_TOKEN_TILES = (8, 16)
@@ -131,8 +130,8 @@ MmaPlan = _block(
         ("N", "int", "weight rows (per expert when grouped)"),
         ("K", "int", "a multiple of 8"),
         ("chunks", "int", "K chunks in the repacked weight (K padded to the format's chunk)"),
-        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16; rt 2: 8, 16, 32)"),
-        ("rt", "int", "row tiles of 16 per warp (1 or 2; wgmma_gemm: 2 = its warp-specialized form)"),
+        ("mt", "int", "token tile of 8·mt tokens (mma_gemm: 1, 2 or 4; wgmma_gemm: 1, 2, 4, 8 or 16)"),
+        ("rt", "int", "row tiles of 16 per warp (mma_gemm: 1 or 2; wgmma_gemm: 1)"),
         ("splits", "int", "K splits; > 1 needs partials (and tickets unless MMA_OUT_F32)"),
         ("tiles", "int", "row tiles of 16 per CTA: 8; mma_gemm 6 / 7 at mt 1 and rt 1; wgmma_gemm 16 (FP4, mt 8 / 16)"),
         ("epilogue", "int", "MmaOut"),

@@ -31,10 +31,10 @@ from .format_facts import (
 )
 
 TILE_ROWS = 16  # the layout's row tile
-# A program's share (rows, chunks, warps): rows a power of two of row tiles (a Triton block). Measured on the H200
-# (benchmarks/decode_pass.py, 8B layer, 2026-12-04): four row tiles × one chunk, 4 warps, is within 1% of the best
-# of ten shapes for the FP4, FP8 and Q8_0 formats (NVFP4 217 µs against 292 at one tile); IQ2's grid lookups run
-# best at one tile (IQ2_XS 176 µs against 208 at four).
+# A program's share (rows, chunks, warps): rows a power of two of row tiles (a Triton block). Four row tiles × one
+# chunk, 4 warps, is within 1% of the best of ten shapes for the FP4, FP8 and Q8_0 formats (a quarter faster than one
+# tile for NVFP4); IQ2's grid lookups run best at one tile (15% faster than four). `benchmarks/decode_pass.py
+# --programs 16x1x4,64x1x4,...` re-measures them on the 8B layer.
 DEFAULT_PROGRAM = (64, 1, 4)
 PROGRAM: dict[str, tuple[int, int, int]] = {"IQ2_XS": (16, 1, 4), "IQ2_XXS": (16, 1, 4)}  # by format, overrides
 

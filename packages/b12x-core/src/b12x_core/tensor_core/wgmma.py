@@ -5,9 +5,7 @@ accumulators from a second set of partial sums), K split across CTAs with the sa
 stages its activations in the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per
 MmaShard (a fused linear's shards are one where they merge: gemm.prepare). The grouped form (`launch` with a block
 table, token tiles of 32-128: `grouped_token_tile`) runs a fused MoE's GEMMs and equals the mma.sync grouped form on
-the GPU; backend tensor_core_moe_wgmma drives it (chosen only where the measured MoE table has it faster). Plans
-with rt = 2 (`ws_config`) run its warp-specialized form (64-256 tokens per CTA, grouped too), correct on the GPU but
-0.69-0.79x the register-A form's speed there (docs/performance.md), so nothing picks it.
+the GPU; backend tensor_core_moe_wgmma drives it (chosen only where the measured MoE table has it faster).
 Plans with tiles = WIDE_TILES (`wide_config`) run 256-row CTAs of four warpgroups (FP4 at 64- and 128-token tiles):
 the plans' FP4 form from WIDE_FROM tokens on (default_config).
 """
@@ -32,12 +30,11 @@ TOKEN_TILES = _interface.WGMMA_TOKEN_TILES  # mt: 8·mt tokens per CTA
 WIDE_FORMATS = _interface.WGMMA_WIDE_FORMATS  # 256-row CTAs (wide_config)
 WIDE_TILES = _interface.WGMMA_WIDE_TILES
 WIDE_TOKEN_TILES = _interface.WGMMA_WIDE_TOKEN_TILES
-WS_TOKEN_TILES = _interface.WGMMA_WS_TOKEN_TILES  # the warp-specialized form's (rt = 2)
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_FORMATS", "GROUPED_TOKEN_TILES",
-           "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "WS_TOKEN_TILES",
-           "default_config", "grouped_token_tile", "grouped_token_tiles", "launch", "run", "slots", "staged_bytes",
-           "token_tile", "token_tiles_of", "wide_config", "ws_config"]  # fmt: skip
+           "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "default_config",
+           "grouped_token_tile", "grouped_token_tiles", "launch", "run", "slots", "staged_bytes", "token_tile",
+           "token_tiles_of", "wide_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
@@ -113,15 +110,6 @@ def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None,
         return wide_config(m, n, chunks, sms, WIDE_TOKEN_TILES[-1], share)
     mt = mt or token_tile(m, fmt)
     return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
-
-
-def ws_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
-    """The warp-specialized form (rt = 2; csrc/wgmma_ws_gemm.cuh: one decoding warpgroup feeds two multiplying ones,
-    8·mt tokens per CTA, one CTA per SM) at token tile mt, with the K split that fills the GPU. No backend picks it
-    yet: it ran correct on the GPU, but slower than the register-A form."""
-    if mt not in WS_TOKEN_TILES:
-        raise ValueError(f"the warp-specialized form's token tile is one of {WS_TOKEN_TILES}, not {mt}")
-    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, sms, share=share), rt=2)
 
 
 def wide_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Everything the lent GPU should run after kernel changes, in one call (device time is scarce):
-#   bash tools/device_run.sh OUT_DIR [--bench] [--sanitize]
+# Test a tree on a GPU, then optionally sanitize and measure it (after kernel changes):
+#   bash tools/gpu_bench.sh OUT_DIR [--bench] [--sanitize]
 # GPU tests (tools/gpu_tests.sh), then optionally compute-sanitizer memcheck over every CUDA path and the
 # benchmarks (prefill dispatched table and plot, the plan check with its measured table, tile configurations,
 # fused MoE). Logs and results go to OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: tools/device_run.sh OUT_DIR [--bench] [--sanitize]}"
+out="${1:?usage: tools/gpu_bench.sh OUT_DIR [--bench] [--sanitize]}"
 shift
 mkdir -p "$out"
 bash tools/gpu_tests.sh -q --timeout 300 > "$out/gpu_tests.log" 2>&1

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 20's device run (tools/device_check.sh is the other half: the full GPU suite): the fast GPU tier, then
-# the measured tables the plans choose from and the plan check on them, in one pass per format × mode: each
-# backend alone, its entry merged into b12x_core's own crossover.json, then the dispatched op (the plan that
-# entry gives) timed beside them. MoE: Qwen3-30B-A3B-, gpt-oss- and DeepSeek-V3-like; linear: Llama-3.1-8B's and
-# 70B's four linears. Every step has a time budget so the call ends inside the device's 10-minute limit; a step
-# cut short keeps what it measured (the table is merged as it goes).
-#   bash tools/device_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
+# Measure on a GPU (tools/gpu_check.sh runs the full GPU suite): the fast GPU tier, then the measured tables the
+# plans choose from and the plan check on them, in one pass per format × mode: each backend alone, its entry merged
+# into b12x_core's own crossover.json, then the dispatched op (the plan that entry gives) timed beside them. MoE:
+# Qwen3-30B-A3B-, gpt-oss- and DeepSeek-V3-like; linear: Llama-3.1-8B's and 70B's four linears. Every step has a share
+# of the time given (seconds), so the run ends within it; a step cut short keeps what it measured (the table is
+# merged as it goes).
+#   bash tools/measure_tables.sh OUT [seconds=570] [moe shapes=qwen3,gptoss] [linear groups=8b] [--no-tests]
 # linear groups: "shapes[@ms]" separated by ";" (e.g. "8b;70b@1,16,256,4096"), each given LINEAR_SHARES percent
 # (comma-separated, in order) of the time left; MOE_SHARE percent goes to MoE first; MOE_CASES picks its cases,
 # MOE_BACKENDS its backends (tensor_core_moe+held: the held block rows tensor_core_moe takes where they are faster;
@@ -19,18 +19,18 @@
 # rows.md (docs tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: tools/device_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
+out="${1:?usage: tools/measure_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
 total="${2:-570}" moe_shapes="${3:-qwen3,gptoss}" linear_shapes="${4:-8b}" tests="${5:-}"
 mkdir -p "$out"
 t0=$(date +%s)
 left() { echo $(( total - ($(date +%s) - t0) )); }
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 exec > >(tee -a "$out/run.log") 2>&1
-source tools/device_env.sh
+source tools/gpu_env.sh
 export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-# SM clock, temperature and power once a second for the whole call (unix time first: plan_check.py's rows keep
+# SM clock, temperature and power once a second for the whole run (unix time first: plan_check.py's rows keep
 # `timed_at` per backend to join them). One 70B timing of a full run measured 1.2x its time alone, and clocks ranged
 # 1500-1980 MHz across short runs: this says whether the card, not the kernel, set such a number.
 (while sleep 1; do

@@ -1,5 +1,6 @@
-# Sourced by the device scripts (gpu_tests.sh, device_tables.sh, device_check.sh): what the lent device lacks.
-# - Python packages carried as wheels in .whl/ (gguf: the tests' oracle), installed under /tmp/site.
+# Sourced by the GPU scripts (gpu_tests.sh, gpu_check.sh, measure_tables.sh, kernel_ab.sh, kernel_profile.sh): what a
+# GPU machine without network access needs besides its own Python and CUDA.
+# - Python packages brought as wheels in .whl/ (gguf: the tests' oracle), installed under /tmp/site.
 # - install_kernels: b12x-kernels from B12X_WHEEL (a wheel built earlier for this Python; default: the cp312 one in
 #   .whl/) when it imports here, with the tree's Python modules over the wheel's, otherwise built from the tree
 #   (B12X_CUDA_ARCHS, CMAKE_BUILD_PARALLEL_LEVEL).

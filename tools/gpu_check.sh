@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Issue 20's device run, the other half of tools/device_tables.sh: the full GPU suite (12 xdist workers, each
+# Check a tree on a GPU (tools/measure_tables.sh measures it): the full GPU suite (12 xdist workers, each
 # test's seconds logged), then, with OLD_ROOT set, tools/bit_identity.py (a refactor's results against the tree it
 # started from, bit for bit; OLD_WHEEL: the old tree's b12x_kernels wheel when the kernels' interface changed),
-# then, with the time left, more tables (device_tables.sh without its fast tier).
-#   bash tools/device_check.sh OUT [seconds=540] [moe shapes=-] [linear groups=-]
-# OUT gets: run.log, times.txt, and what device_tables.sh writes when tables run.
+# then, with the time left, more tables (measure_tables.sh without its fast tier).
+#   bash tools/gpu_check.sh OUT [seconds=540] [moe shapes=-] [linear groups=-]
+# OUT gets: run.log, times.txt, and what measure_tables.sh writes when tables run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: tools/device_check.sh OUT [seconds] [moe shapes] [linear groups]}"
+out="${1:?usage: tools/gpu_check.sh OUT [seconds] [moe shapes] [linear groups]}"
 total="${2:-540}" moe_shapes="${3:--}" linear_shapes="${4:--}"
 mkdir -p "$out"
 t0=$(date +%s)
 left() { echo $(( total - ($(date +%s) - t0) )); }
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 exec > >(tee -a "$out/run.log") 2>&1
-source tools/device_env.sh
+source tools/gpu_env.sh
 export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
 say "full GPU suite (budget $(( $(left) - ${RESERVE_S:-60} )) s)"
@@ -30,6 +30,6 @@ if [ -n "${OLD_ROOT:-}" ]; then
   say "bit identity: exit $?"
 fi
 if [ "$moe_shapes$linear_shapes" != "--" ] && [ "$(left)" -gt 90 ]; then
-  bash tools/device_tables.sh "$out" $(( $(left) - 5 )) "$moe_shapes" "$linear_shapes" --no-tests
+  bash tools/measure_tables.sh "$out" $(( $(left) - 5 )) "$moe_shapes" "$linear_shapes" --no-tests
 fi
 say "done"

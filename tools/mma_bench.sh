@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call for the tensor-core GEMM: build (B12X_CUDA_ARCHS, default 90), its GPU tests (linear and the
-# grouped MoE), then the per-layer benchmark with the arguments given (e.g. --formats NVFP4 --ms 1,32 --sweep).
+# Build, test and measure the tensor-core GEMM on a GPU: build (B12X_CUDA_ARCHS, default 90), its GPU tests (linear
+# and the grouped MoE), then the per-layer benchmark with the arguments given (e.g. --formats NVFP4 --ms 1,32 --sweep).
 # MOE="args" runs benchmarks/moe.py with them (e.g. MOE="--shapes qwen3 --cases MXFP4:bf16"). Logs under OUT.
-#   bash tools/mma_device.sh OUT [benchmark args...]
+#   bash tools/mma_bench.sh OUT [benchmark args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: tools/mma_device.sh OUT [benchmark args]}"
+out="${1:?usage: tools/mma_bench.sh OUT [benchmark args]}"
 shift
 mkdir -p "$out"
 export CMAKE_BUILD_PARALLEL_LEVEL=16 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
