@@ -37,7 +37,7 @@ if [ ! -f "${CUTLASS_DIR:-}/include/cutlass/cutlass.h" ] || [ ! -d "$CUTLASS_DIR
 fi
 NVCC=${NVCC:-${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}}
 if [ ! -x "$NVCC" ]; then say "nvcc not found (NVCC, CUDACXX, PATH, /usr/local/cuda/bin/nvcc)"; exit 1; fi
-CUDA_ROOT=$(cd "$(dirname "$NVCC")/.." && pwd)
+CUDA_ROOT=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
 
 CUBLAS_INC=(-I"$CUDA_ROOT/include")
 CUBLAS_LINK=(-Xlinker -rpath -Xlinker "$CUDA_ROOT/lib64")
