@@ -37,7 +37,10 @@ if [ ! -f "${CUTLASS_DIR:-}/include/cutlass/cutlass.h" ] || [ ! -d "$CUTLASS_DIR
 fi
 NVCC=${NVCC:-${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}}
 if [ ! -x "$NVCC" ]; then say "nvcc not found (NVCC, CUDACXX, PATH, /usr/local/cuda/bin/nvcc)"; exit 1; fi
-CUDA_ROOT=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+# The toolkit's root as nvcc itself sees it (nvcc on PATH may be a wrapper script or a link).
+CUDA_ROOT=$("$NVCC" -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+[ -d "$CUDA_ROOT/include" ] || CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+CUDA_ROOT=$(cd "$CUDA_ROOT" && pwd)
 
 CUBLAS_INC=(-I"$CUDA_ROOT/include")
 CUBLAS_LINK=(-Xlinker -rpath -Xlinker "$CUDA_ROOT/lib64")
