@@ -2,6 +2,7 @@
 // cuBLAS bf16 GEMM, on the four linears of a Llama-3.1-8B decoder layer, in one program.
 //
 //   mixed_gemm OUT.json [--reps 60] [--warmup 5] [--ms 128,256,512,1024,4096] [--skip k1,k2] [--no-check]
+//   mixed_gemm OUT.json --json-selftest   (no GPU: synthetic numbers through the tables and the JSON writer)
 //
 // Y[M, N] = X[M, K] . W[N, K]^T, X and Y bf16 row-major, fp32 accumulation.
 //  - cublas_bf16: cublasGemmEx, bf16 W, CUBLAS_COMPUTE_32F, default algorithm, 32 MiB workspace.
@@ -67,6 +68,7 @@ struct Options {
   std::vector<int> ms = {128, 256, 512, 1024, 4096};
   std::vector<std::string> skip;
   bool check = true;
+  bool json_selftest = false;  // no GPU: synthetic results through the JSON writer and the tables
 };
 
 // ------------------------------------------------------------------------------------------------ errors
@@ -706,6 +708,7 @@ bool parse(int argc, char** argv, Options& o) {
       for (auto& x : split(next())) o.ms.push_back(atoi(x.c_str()));
     } else if (a == "--skip") o.skip = split(next());
     else if (a == "--no-check") o.check = false;
+    else if (a == "--json-selftest") o.json_selftest = true;
     else if (a[0] != '-' && o.json.empty()) o.json = a;
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -724,6 +727,71 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
+void print_tables(const Options& o, const std::vector<Variant>& vs) {
+  printf("\nOne Llama-3.1-8B decoder layer (qkv 6144x4096 + o 4096x4096 + gate_up 28672x4096 + down 4096x14336), us;\n"
+         "x bf16 = cuBLAS bf16 us / CUTLASS us (>1: faster than bf16). Best = fastest variant that passed its check.\n");
+  printf("%6s %12s | %10s %7s %-18s | %10s %7s %-18s\n", "M", "cuBLAS bf16", "fp8 us", "x bf16", "fp8 best",
+         "int4 us", "x bf16", "int4 best");
+  for (int M : o.ms) {
+    Summary s = summarize(vs, M, o.check);
+    printf("%6d %12.1f | %10.1f %7.2f %-18s | %10.1f %7.2f %-18s\n", M, s.cublas_us, s.fp8.us, s.fp8.x_bf16,
+           s.fp8.variant.c_str(), s.int4.us, s.int4.x_bf16, s.int4.variant.c_str());
+  }
+  printf("\nPer linear, the fastest passing variant of each type for each linear (per-linear graphs), summed:\n");
+  printf("%6s %12s | %10s %7s | %10s %7s\n", "M", "cuBLAS bf16", "fp8 us", "x bf16", "int4 us", "x bf16");
+  for (int M : o.ms) {
+    Summary s = summarize(vs, M, o.check);
+    printf("%6d %12.1f | %10.1f %7.2f | %10.1f %7.2f\n", M, s.cublas_linear_sum_us, s.fp8.per_linear_us,
+           s.fp8.per_linear_x_bf16, s.int4.per_linear_us, s.int4.per_linear_x_bf16);
+  }
+  printf("\nEvery variant, layer us (* = failed its check):\n%-20s", "variant");
+  for (int M : o.ms) printf(" %9d", M);
+  printf("\n");
+  for (const Variant& v : vs) {
+    printf("%-20s", v.name.c_str());
+    for (int M : o.ms) {
+      const MResult& r = g_results[v.name][M];
+      printf(" %8.1f%s", r.layer_us, r.checked_ok(o.check) ? " " : "*");
+    }
+    printf("\n");
+  }
+  printf("\nPer linear us at each M (%s / %s / %s / %s):\n", kLinears[0].name, kLinears[1].name, kLinears[2].name,
+         kLinears[3].name);
+  for (const Variant& v : vs) {
+    printf("%-20s", v.name.c_str());
+    for (int M : o.ms) {
+      const MResult& r = g_results[v.name][M];
+      printf("  M=%d %.1f/%.1f/%.1f/%.1f", M, r.linear_us[0], r.linear_us[1], r.linear_us[2], r.linear_us[3]);
+    }
+    printf("\n");
+  }
+}
+
+// Synthetic results through the tables and the JSON writer: checks them without a GPU.
+int json_selftest(const Options& o, const std::vector<Variant>& vs) {
+  DeviceInfo d;
+  d.name = "selftest \"quoted\"";
+  int i = 0;
+  for (const Variant& v : vs)
+    for (int M : o.ms) {
+      MResult& r = g_results[v.name][M];
+      ++i;
+      r.layer_us = v.fmt == Fmt::BF16 ? 100.0 + M : (i % 7 == 0 ? NAN : 90.0 + M + i);
+      for (int l = 0; l < 4; ++l) {
+        r.linear_us[l] = r.layer_us / 4;
+        r.check[l].done = o.check;
+        r.check[l].rel_l2 = i % 5 == 0 ? 0.5 : 2e-3;
+        r.check[l].max_abs = 0.01;
+      }
+      if (i % 7 == 0) r.error = "can_implement: \"Error\"\nsecond line";
+      if (i % 11 == 0) r.check[2].nonfinite = 12;
+    }
+  print_tables(o, vs);
+  write_json(o, d, vs, true);
+  printf("\nwrote %s (synthetic)\n", o.json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -735,21 +803,6 @@ int main(int argc, char** argv) {
 
   Ctx cx;
   DeviceInfo d;
-  CK_SETUP(cudaGetDevice(&cx.device));
-  cudaDeviceProp prop{};
-  CK_SETUP(cudaGetDeviceProperties(&prop, cx.device));
-  d.name = prop.name, d.sm_count = prop.multiProcessorCount, d.cc_major = prop.major, d.cc_minor = prop.minor;
-  d.l2_bytes = prop.l2CacheSize;
-  cudaDriverGetVersion(&d.driver);
-  cudaRuntimeGetVersion(&d.runtime);
-  cx.sm_count = prop.multiProcessorCount;
-  printf("device: %s (sm_%d%d, %d SMs, L2 %d MB), CUDA driver %d runtime %d, CUTLASS %s\n", prop.name, prop.major,
-         prop.minor, prop.multiProcessorCount, prop.l2CacheSize >> 20, d.driver, d.runtime, cutlass_version_string());
-  if (prop.major != 9 || prop.minor != 0) {
-    fprintf(stderr, "this program is built for sm_90a only (Hopper); found sm_%d%d\n", prop.major, prop.minor);
-    return 1;
-  }
-
   std::vector<Variant> vs;
   std::vector<const KernelEntry*> kernels = {&kernel_fp8_128x128(), &kernel_fp8_128x256(), &kernel_int4_128x128(),
                                              &kernel_int4_128x256()};
@@ -766,6 +819,22 @@ int main(int argc, char** argv) {
   printf("weights: e4m3 %s, int4 %s (reordered offline for the register-A wgmma fragment)\n",
          weight_is_shuffled(WeightType::FP8) ? "reordered" : "plain K-major",
          weight_is_shuffled(WeightType::INT4) ? "reordered [0,2,4,6,1,3,5,7]" : "plain K-major");
+  if (o.json_selftest) return json_selftest(o, vs);
+  CK_SETUP(cudaGetDevice(&cx.device));
+  cudaDeviceProp prop{};
+  CK_SETUP(cudaGetDeviceProperties(&prop, cx.device));
+  d.name = prop.name, d.sm_count = prop.multiProcessorCount, d.cc_major = prop.major, d.cc_minor = prop.minor;
+  d.l2_bytes = prop.l2CacheSize;
+  cudaDriverGetVersion(&d.driver);
+  cudaRuntimeGetVersion(&d.runtime);
+  cx.sm_count = prop.multiProcessorCount;
+  printf("device: %s (sm_%d%d, %d SMs, L2 %d MB), CUDA driver %d runtime %d, CUTLASS %s\n", prop.name, prop.major,
+         prop.minor, prop.multiProcessorCount, prop.l2CacheSize >> 20, d.driver, d.runtime, cutlass_version_string());
+  if (prop.major != 9 || prop.minor != 0) {
+    fprintf(stderr, "this program is built for sm_90a only (Hopper); found sm_%d%d\n", prop.major, prop.minor);
+    return 1;
+  }
+
   g_flush_json = [&]() { write_json(o, d, vs, false); };
 
   const int Mmax = *std::max_element(o.ms.begin(), o.ms.end());
@@ -842,44 +911,7 @@ int main(int argc, char** argv) {
   }
   printf("timing took %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
-  // Tables.
-  printf("\nOne Llama-3.1-8B decoder layer (qkv 6144x4096 + o 4096x4096 + gate_up 28672x4096 + down 4096x14336), us;\n"
-         "x bf16 = cuBLAS bf16 us / CUTLASS us (>1: faster than bf16). Best = fastest variant that passed its check.\n");
-  printf("%6s %12s | %10s %7s %-18s | %10s %7s %-18s\n", "M", "cuBLAS bf16", "fp8 us", "x bf16", "fp8 best",
-         "int4 us", "x bf16", "int4 best");
-  for (int M : o.ms) {
-    Summary s = summarize(vs, M, o.check);
-    printf("%6d %12.1f | %10.1f %7.2f %-18s | %10.1f %7.2f %-18s\n", M, s.cublas_us, s.fp8.us, s.fp8.x_bf16,
-           s.fp8.variant.c_str(), s.int4.us, s.int4.x_bf16, s.int4.variant.c_str());
-  }
-  printf("\nPer linear, the fastest passing variant of each type for each linear (per-linear graphs), summed:\n");
-  printf("%6s %12s | %10s %7s | %10s %7s\n", "M", "cuBLAS bf16", "fp8 us", "x bf16", "int4 us", "x bf16");
-  for (int M : o.ms) {
-    Summary s = summarize(vs, M, o.check);
-    printf("%6d %12.1f | %10.1f %7.2f | %10.1f %7.2f\n", M, s.cublas_linear_sum_us, s.fp8.per_linear_us,
-           s.fp8.per_linear_x_bf16, s.int4.per_linear_us, s.int4.per_linear_x_bf16);
-  }
-  printf("\nEvery variant, layer us (* = failed its check):\n%-20s", "variant");
-  for (int M : o.ms) printf(" %9d", M);
-  printf("\n");
-  for (const Variant& v : vs) {
-    printf("%-20s", v.name.c_str());
-    for (int M : o.ms) {
-      const MResult& r = g_results[v.name][M];
-      printf(" %8.1f%s", r.layer_us, r.checked_ok(o.check) ? " " : "*");
-    }
-    printf("\n");
-  }
-  printf("\nPer linear us at each M (%s / %s / %s / %s):\n", kLinears[0].name, kLinears[1].name, kLinears[2].name,
-         kLinears[3].name);
-  for (const Variant& v : vs) {
-    printf("%-20s", v.name.c_str());
-    for (int M : o.ms) {
-      const MResult& r = g_results[v.name][M];
-      printf("  M=%d %.1f/%.1f/%.1f/%.1f", M, r.linear_us[0], r.linear_us[1], r.linear_us[2], r.linear_us[3]);
-    }
-    printf("\n");
-  }
+  print_tables(o, vs);
   write_json(o, d, vs, true);
   printf("\nwrote %s\n", o.json.c_str());
   return 0;
