@@ -19,13 +19,13 @@ the default configuration with programmatic dependent launch and without (B12X_P
 same run: the graph runs the layer's four linears back to back, so each starts on the previous one's tail (in a model,
 norms and attention sit between some of them). `--per-linear` adds each linear's own time (a graph of that linear
 alone over the copies) to the default configuration's rows. `--balance-ab` also times, at one-token tiles, 128-row
-CTAs (split as far as one wave allows) beside the default's gemm.balanced_config heights (6-8 row tiles a CTA for
+CTAs (split as far as one wave allows) beside the default's configure.balanced_config heights (6-8 row tiles a CTA for
 even work per SM) in the same run. `--resident-ab` also times, at one-token tiles, the default configurations with
 resident activations toggled (MmaConfig.resident: the split's activations held whole, no CTA barrier a stage; the
-defaults hold them where gemm.holds_resident allows). `--x-quant-ab` times, at one-token tiles, each quantized
+defaults hold them where configure.holds_resident allows). `--x-quant-ab` times, at one-token tiles, each quantized
 activation mode the format pairs with (FP8: fp8 static; MXFP8, MXFP4: mxfp8; NVFP4: mxfp8, nvfp4) twice: quantized by
 the operand pass before each linear under the bf16 defaults, and by the kernel under the mode's own defaults (rows
-held where gemm.holds_resident allows the pair; MmaShard.plan's x_quant).
+held where configure.holds_resident allows the pair; MmaShard.plan's x_quant).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from decode_linear import copies_for, copy_bandwidth, time_graph
 import b12x_formats as bf
 from b12x_core import pdl
 from b12x_core.backends import operands
-from b12x_core.tensor_core import gemm, geometry
+from b12x_core.tensor_core import configure, gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--rt", default="1,2", help="row tiles per warp to time (the kernel's rt)")
     parser.add_argument("--pdl-ab", action="store_true", help="also time the defaults without programmatic launch")
     parser.add_argument("--per-linear", action="store_true", help="also time each linear alone")
-    parser.add_argument("--balance-ab", action="store_true", help="one-token tiles: also gemm.balanced_config")
+    parser.add_argument("--balance-ab", action="store_true", help="one-token tiles: also configure.balanced_config")
     parser.add_argument(
         "--resident-ab",
         action="store_true",
@@ -211,12 +211,12 @@ def main() -> None:
             def per_linear(configs, x_quant=("", "")):
                 return {lname: timed(configs, only=li, x_quant=x_quant) for li, (lname, _, _) in enumerate(shapes)}
 
-            mt = geometry.token_tile(m)
+            mt = configure.token_tile(m)
             results = []
             for rt in args.rts:
-                slots = gemm.slots(fmt, mt, "cuda", rt)
-                defaults = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
-                                                share=gemm.split_share(fmt, m, s.k), fmt=fmt)
+                slots = geometry.slots(fmt, mt, "cuda", rt)
+                defaults = [configure.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
+                                                     share=configure.split_share(fmt, m, s.k), fmt=fmt)
                             for s in one_layer]  # fmt: skip
                 label = f"rt{rt} " + " ".join(config_label(c) for c in defaults)
                 if args.pdl_ab:
@@ -225,7 +225,7 @@ def main() -> None:
                 else:
                     results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
                 if args.balance_ab and mt == 1 and rt == 1:  # 128-row CTAs beside the default's balanced heights
-                    alt = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, balance=False) for s in one_layer]
+                    alt = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, balance=False) for s in one_layer]
                     alabel = "128-row rt1 " + " ".join(config_label(c) for c in alt)
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
                 if args.resident_ab and mt == 1 and rt == 1:  # the same CTAs and splits, resident activations toggled
@@ -235,8 +235,8 @@ def main() -> None:
                 if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
                     for mode in [mode for mode, formats in geometry.MMA.x_quant_formats.items() if fmt in formats]:
                         # in the kernel: the mode's own defaults (held past one token where holds_resident says so)
-                        held = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, fmt=fmt, act_mode=mode,
-                                                    share=gemm.split_share(fmt, m, s.k))
+                        held = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, fmt=fmt, act_mode=mode,
+                                                         share=configure.split_share(fmt, m, s.k))
                                 for s in one_layer]  # fmt: skip
                         for how, configs in (("pass", defaults), ("kernel", held)):
                             linears = per_linear(configs, (mode, how)) if args.per_linear else None
@@ -245,13 +245,13 @@ def main() -> None:
                                 (timed(configs, x_quant=(mode, how)), f"{mode} by the {how} {hlabel}", linears)
                             )
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
-                    filled = [gemm.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                    filled = [configure.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
                     results.append(
                         (timed(filled), f"occupancy rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in filled))
                     )
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = [gemm.default_config(m, s.n, s.chunks, gemm.slots(fmt, mt, "cuda"), sms=sms,
-                                            share=gemm.split_share(fmt, m, s.k), fmt=fmt)
+                best = [configure.default_config(m, s.n, s.chunks, geometry.slots(fmt, mt, "cuda"), sms=sms,
+                                                 share=configure.split_share(fmt, m, s.k), fmt=fmt)
                         for s in one_layer]  # fmt: skip
                 for li, s in enumerate(one_layer):
                     cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)

@@ -3,7 +3,7 @@
     ncu --clock-control none -k regex:mma_gemm --launch-skip-before-match 0 --section SpeedOfLight \
         --section WarpStateStats --section Occupancy python benchmarks/mma_profile.py [FMT:NxK:M:MT:SPLITS ...]
 
-MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (gemm.default_config on this device); a
+MT:SPLITS "auto:auto" takes the configuration the tensor-core backend runs (configure.default_config on this device); a
 sixth field "resident" or "staged" sets MmaConfig.resident (one-token tiles: activations held whole or in stages).
 """
 
@@ -15,7 +15,7 @@ import sys
 import torch
 from mma_linear import random_shard
 
-from b12x_core.tensor_core import gemm, geometry
+from b12x_core.tensor_core import configure, gemm, geometry
 
 CASES = ["FP8:8192x28672:1:1:4", "NVFP4:57344x8192:1:1:1", "NVFP4:8192x28672:1:1:4", "IQ2_XS:8192x28672:1:1:4",
          "Q8_0:8192x28672:1:1:4", "NVFP4:57344x8192:32:4:1"]  # fmt: skip
@@ -27,8 +27,8 @@ for case in sys.argv[1:] or CASES:
     if mt == "auto":
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        config = gemm.default_config(m, n, chunks, gemm.slots(fmt, geometry.token_tile(m), "cuda"), sms=sms,
-                                     share=gemm.split_share(fmt, m, k), fmt=fmt)  # fmt: skip
+        config = configure.default_config(m, n, chunks, geometry.slots(fmt, configure.token_tile(m), "cuda"), sms=sms,
+                                          share=configure.split_share(fmt, m, k), fmt=fmt)  # fmt: skip
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
     if held:

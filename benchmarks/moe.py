@@ -42,6 +42,7 @@ import b12x_formats as bf
 from b12x_core import backends, crossover, moe_blocks, plan
 from b12x_core.backends import Overrides, tensor_core_moe
 from b12x_core.moe import MOE_FORMATS
+from b12x_core.tensor_core import configure
 from b12x_core.weights import DeviceWeights, as_shards
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "dsv3": (256, 8, 7168, 2048)}
@@ -49,7 +50,7 @@ TOLERANCE = 1.15  # the plan check: dispatched within this of the fastest backen
 BUDGET_MS = 100  # replays of one point beyond this much GPU time add nothing to its median (at least 5 run)
 # This --backends name times tensor_core_moe with its block rows held (Overrides.holds_rows on); the table
 # then holds those times under it, and tensor_core_moe holds the rows at the token counts where they are faster.
-HELD = tensor_core_moe.HELD
+HELD = configure.HELD
 LOOSE = "@loose"  # a backend name's suffix: the same backend with the block tables' old size (backend_moe)
 UNFUSED = "@unfused"  # a suffix: tensor_core_moe with the table and the combine launched apart (Overrides.fuses off)
 

@@ -3,9 +3,10 @@
     python benchmarks/moe_splits.py --out moe_splits.json [--shapes qwen3,gptoss] [--cases MXFP4:mxfp8,NVFP4:bf16]
         [--ts 1,2,4,8,16]
 
-tensor_core_moe's call_config picks each GEMM's K split by a rule (gemm.even_split: even waves over the SMs, at least
-4 chunks a split). Here every split pair (gate/up, down) the kernels take (up to 8 each, at least 2 chunks a split)
-runs at each T with the rest of the call's configuration as the plan has it (token tile, held rows), timed as
+tensor_core_moe's configuration (b12x_core.tensor_core.configure.moe_config) picks each GEMM's K split by a rule
+(configure.even_split: even waves over the SMs, at least 4 chunks a split). Here every split pair (gate/up, down) the
+kernels take (up to 8 each, at least 2 chunks a split) runs at each T with the rest of the call's configuration as the
+plan has it (token tile, held rows), timed as
 moe.py times (CUDA-graph replays, two prepared weight copies alternating, median); the rule's pick is marked, and the
 best pair printed beside it.
 """
@@ -24,7 +25,7 @@ from moe import SHAPES, device_weights, with_input_scale
 import b12x_core as bc
 from b12x_core import backends, plan, workspace
 from b12x_core.backends import Overrides
-from b12x_core.tensor_core import geometry
+from b12x_core.tensor_core import configure, geometry
 
 
 def split_choices(fmt: str, k: int, most: int = 8) -> list[int]:
@@ -40,7 +41,7 @@ def time_splits(cls, query, copies, x, weights, ids, rule: dict, pair: tuple[int
     query = dataclasses.replace(query, overrides=Overrides(holds_rows="held" in rule))
     config = {**cls.call_config(query, t), "splits": pair}
     if "held" in rule:
-        config.update(cls._held(query, t * k, list(pair), cls._height(query)))
+        config.update(configure.moe_held(query, t * k, list(pair), configure.moe_height(query)))
     backends_alone = [p.for_tokens(t).backend for p in copies]
     for backend in backends_alone:
         backend.reserve([(1, t, config)])

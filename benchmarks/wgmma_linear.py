@@ -12,7 +12,7 @@ random_shard, with the decode's power-of-two range set so values are ordinary). 
 token tile mt that suits M (8·mt tokens per CTA, all four linears alike, each linear at the K split that fills the GPU
 for that tile: wgmma.default_config's rule) and the best is reported, with its staging launch; with --wide, from 32
 tokens on, so are its 256-row CTAs (tiles 16, wgmma.wide_config; rows "wgmma_wide"); the mma.sync kernel at
-the tensor-core backend's default configuration (gemm.default_config: token tile and K split). Before timing, each
+the tensor-core backend's default configuration (configure.default_config: token tile and K split). Before timing, each
 (format, M) checks the wgmma output against the mma.sync one on the first copy (`check`: max |Δ| / max |y|).
 FP8_BLOCK and the IQ2 codecs run in the wgmma kernel with a per-chunk fp32 factor folded from partial sums (token
 tiles up to 64): `--formats IQ2_XS,FP8_BLOCK` times them the same way.
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from decode_linear import copies_for, copy_bandwidth, device_facts, time_graph
 from mma_linear import random_shard, shard_bytes
 
-from b12x_core.tensor_core import gemm, geometry, wgmma
+from b12x_core.tensor_core import configure, gemm, geometry, wgmma
 
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 FORMATS = "NVFP4,FP8"
@@ -101,9 +101,9 @@ def main() -> None:
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
-            slots = gemm.slots(fmt, geometry.token_tile(m), "cuda")
-            share = {k: gemm.split_share(fmt, m, k) for k in xs}  # what a K split's partials cost (the plans' rule)
-            configs = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k], fmt=fmt)
+            slots = geometry.slots(fmt, configure.token_tile(m), "cuda")
+            share = {k: configure.split_share(fmt, m, k) for k in xs}  # a K split's partials' cost (the plans' rule)
+            configs = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k], fmt=fmt)
                        for s in one_layer]  # fmt: skip
 
             def workspaces(cs, m=m, one_layer=one_layer):
@@ -112,7 +112,7 @@ def main() -> None:
                 return [gemm.MmaWorkspace.create(m, s.n, c.splits, c.mt, "cuda", row_tiles=c.tiles) for s, c in pairs]
 
             def old_rule_time(old, chosen, layer):
-                """The layer under the split rule without the partials' cost (gemm.split_share's weight left out),
+                """The layer under the split rule without the partials' cost (configure.split_share's weight left out),
                 this run; None where that rule picks the same splits as `chosen`."""
                 if [c.splits for c in old] == [c.splits for c in chosen]:
                     return None
@@ -165,7 +165,7 @@ def main() -> None:
             wide_check = check_against_mma(wide_configs, wide_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
-            mma_unweighted = [gemm.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
+            mma_unweighted = [configure.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
             t_mma_unweighted = old_rule_time(mma_unweighted, configs, mma_layer)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3,
                              unweighted_split_us=t_mma_unweighted,

@@ -54,7 +54,7 @@ def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
 
 
 def test_moe_table_holds_each_backend_and_the_held_rows_at_the_token_counts_run():
-    """benchmarks/moe.py's table: per backend (tensor_core_moe's held rows under tensor_core_moe.HELD, which its
+    """benchmarks/moe.py's table: per backend (tensor_core_moe's held rows under configure.HELD, which its
     configurations read) the times at each token count it ran; bc.moe's own ("auto") and the A/B forms the plans never
     run ("@loose", "@unfused") stay out."""
     sys.path.insert(0, str(ROOT / "benchmarks"))

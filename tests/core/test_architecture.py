@@ -133,3 +133,45 @@ def test_the_toy_format_round_trips_and_the_reference_linear_runs_it(toy_format)
 def test_the_toy_format_is_gone_after_the_test():
     with pytest.raises(ValueError):
         bf.spec("TOY_INT8")
+
+
+# --- "Backends and kernel families" and "Adding a kernel family": the names a newcomer follows exist ---
+FAMILY_MODULES = {
+    "configure": "b12x_core.tensor_core.configure",
+    "experts": "b12x_core.tensor_core.experts",
+    "gemm": "b12x_core.tensor_core.gemm",
+    "geometry": "b12x_core.tensor_core.geometry",
+    "layout": "b12x_core.tensor_core.layout",
+    "interface": "b12x_kernels.interface",
+    "kernels": "b12x_core.kernels",
+    "moe_blocks": "b12x_core.moe_blocks",
+    "triton_moe": "b12x_core.backends.triton_moe",
+    "triton_tiles": "b12x_core.backends.triton_tiles",
+}
+
+
+def test_the_family_sections_name_what_exists():
+    """Every `module.name` those sections write in code (configure.linear_rule, kernels.mma_gemm, interface.Family,
+    ...) resolves: the configuration rules, the adapter and the capability models are where the page says."""
+    import importlib
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs/architecture.md").read_text()
+    text = doc[doc.index("## Backends and kernel families") : doc.index("## Adding a backend to a family")]
+    pattern = re.compile(rf"(?<![\w/])({'|'.join(FAMILY_MODULES)})\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+    named = {m.groups() for span in re.findall(r"`([^`\n]+)`", text) for m in pattern.finditer(span)}
+    named = {(module, attr) for module, attr in named if attr != "py"}  # file names
+    assert {("configure", "linear_rule"), ("configure", "moe_config"), ("kernels", "mma_gemm"),
+            ("interface", "Family")} <= named  # fmt: skip
+    from b12x_core import kernels
+
+    missing = []
+    for module, attr in sorted(named):
+        if module == "kernels" and attr in kernels.TRITON_MODULES:
+            continue  # imported on first use, where Triton is installed
+        obj = importlib.import_module(FAMILY_MODULES[module])
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            missing.append(f"{module}.{attr}")
+    assert missing == []

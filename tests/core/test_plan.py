@@ -247,24 +247,24 @@ def test_tensor_core_configurations_cover_the_range_and_size_their_tickets(rng):
 def test_plans_hold_activations_resident_only_at_one_token_tiles_that_fit(rng, fmt):
     """MmaConfig.resident (one-token tiles with the split's activations held whole in shared memory) is a plan's
     choice only at one-token tiles, past one token only for the formats measured faster with it there
-    (gemm.RESIDENT_FORMATS), and only where the call's live rows over the split's K stay within
-    gemm.RESIDENT_MAX_BYTES; every format takes it for one token over a K of at most 4096 (measured there), and the
+    (configure.RESIDENT_FORMATS), and only where the call's live rows over the split's K stay within
+    configure.RESIDENT_MAX_BYTES; every format takes it for one token over a K of at most 4096 (measured there), and the
     formats of RESIDENT_FORMATS for four. A plan row naming it reads back as written."""
     from b12x_core.backends.tensor_core import TensorCoreGemm
-    from b12x_core.tensor_core import gemm, geometry
+    from b12x_core.tensor_core import configure, gemm, geometry
 
     n, k = int(rng.integers(1, 400)) * 128, int(rng.integers(4, 64)) * 256
     q = query(fmt, "bf16", H200, max_tokens=300, n=n, k=k)
     chunks = -(-k // geometry.chunk_k(fmt))
     for lo, hi, config in TensorCoreGemm.configs(q, 1, 300):
         if config.get("resident"):
-            assert config["tokens"] == 8 and (hi == 1 or fmt in gemm.RESIDENT_FORMATS), (lo, hi, config)
+            assert config["tokens"] == 8 and (hi == 1 or fmt in configure.RESIDENT_FORMATS), (lo, hi, config)
             split_k = -(-chunks // config["splits"]) * geometry.chunk_k(fmt)
-            assert min(hi, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+            assert min(hi, 8) * split_k * 2 <= configure.RESIDENT_MAX_BYTES
     small = query(fmt, "bf16", H200, max_tokens=8, n=n, k=min(k, 4096))
     assert TensorCoreGemm.configs(small, 1, 1)[0][2].get("resident")
     four_tokens = TensorCoreGemm.configs(small, 4, 4)[0][2]
-    assert bool(four_tokens.get("resident")) == (fmt in gemm.RESIDENT_FORMATS)
+    assert bool(four_tokens.get("resident")) == (fmt in configure.RESIDENT_FORMATS)
     splits, tiles = int(rng.integers(1, 17)), int(rng.choice([6, 7, 8]))
     for resident in (True, False):
         config = gemm.MmaConfig(1, splits, tiles=tiles, resident=resident)
@@ -330,10 +330,10 @@ def test_one_token_splits_stream_with_two_ctas_an_sm(rng, fmt):
 
 
 def test_balanced_one_token_configs_never_load_an_sm_more(rng):
-    """gemm.balanced_config (CTA heights of 6-8 row tiles at one-token tiles) never gives the
+    """configure.balanced_config (CTA heights of 6-8 row tiles at one-token tiles) never gives the
     busiest SM more row-tile chunks than the default split does, stays within one wave of two CTAs an SM when it
     splits, and leaves larger token tiles to the default."""
-    from b12x_core.tensor_core import gemm
+    from b12x_core.tensor_core import configure
 
     sms = H200.sms
     for _ in range(200):
@@ -344,12 +344,12 @@ def test_balanced_one_token_configs_never_load_an_sm_more(rng):
             ctas = -(-n16 // c.tiles) * c.splits
             return -(-ctas // sms) * c.tiles * -(-chunks // c.splits)
 
-        default = gemm.default_config(1, n, chunks, 2 * sms, sms=sms)
-        balanced = gemm.balanced_config(1, n, chunks, sms)
+        default = configure.default_config(1, n, chunks, 2 * sms, sms=sms)
+        balanced = configure.balanced_config(1, n, chunks, sms)
         assert balanced.mt == 1 and balanced.rt == 1 and balanced.tiles in (6, 7, 8)
         assert busiest(balanced) <= busiest(default), (n, chunks, default, balanced)
         assert balanced.splits == 1 or -(-n16 // balanced.tiles) * balanced.splits <= 2 * sms
-    assert gemm.balanced_config(64, 4096, 32, sms).tiles == 8
+    assert configure.balanced_config(64, 4096, 32, sms).tiles == 8
 
 
 def moe_query(fmt, device, max_tokens=4096, experts=128, hidden=2048, inter=768):

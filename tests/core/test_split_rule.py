@@ -1,11 +1,11 @@
-"""The K-split rule of the tensor-core GEMM plans (b12x_core.tensor_core.gemm.even_split, split_share): a split fills
+"""The K-split rule of the tensor-core GEMM plans (b12x_core.tensor_core.configure.even_split, split_share): a split fills
 the GPU's waves, and costs its fp32 partials' traffic beside the weight's."""
 
 from __future__ import annotations
 
 import pytest
 
-from b12x_core.tensor_core import gemm
+from b12x_core.tensor_core import configure
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "FP8", "IQ2_XS"])
@@ -15,8 +15,8 @@ def test_split_share_is_the_partials_bytes_over_the_weights(fmt):
     bits = codec_for(fmt).spec.bits_per_weight
     m, n, k = 96, 6144, 4096
     partial_bytes = 2 * 4 * m * n  # fp32, written by a split and read back by the reduction
-    assert gemm.split_share(fmt, m, k) == pytest.approx(partial_bytes / (n * k * bits / 8))
-    assert gemm.split_share(fmt, 2 * m, k) == pytest.approx(2 * gemm.split_share(fmt, m, k))
+    assert configure.split_share(fmt, m, k) == pytest.approx(partial_bytes / (n * k * bits / 8))
+    assert configure.split_share(fmt, 2 * m, k) == pytest.approx(2 * configure.split_share(fmt, m, k))
 
 
 def test_a_free_split_fills_the_waves_and_a_costly_one_does_not():
@@ -26,15 +26,15 @@ def test_a_free_split_fills_the_waves_and_a_costly_one_does_not():
         waves = tiles * splits / slots
         return waves / -(-waves // 1)
 
-    free = gemm.even_split(tiles, chunks, slots)
+    free = configure.even_split(tiles, chunks, slots)
     assert free > 1 and fill(free) > fill(1)
-    assert gemm.even_split(tiles, chunks, slots, share=0.001) == free
+    assert configure.even_split(tiles, chunks, slots, share=0.001) == free
     # one split's partials as large as half the weight (128 tokens of a 4.5-bit 4096-wide linear)
-    assert gemm.even_split(tiles, chunks, slots, share=gemm.split_share("NVFP4", 128, 4096)) == 1
+    assert configure.even_split(tiles, chunks, slots, share=configure.split_share("NVFP4", 128, 4096)) == 1
 
 
 def test_a_split_still_fills_an_empty_gpu_when_its_partials_are_small():
     tiles, chunks, slots = 32, 32, 264  # o_proj 4096 rows at 64 tokens: an eighth of a wave unsplit
-    share = gemm.split_share("NVFP4", 64, 4096)
-    assert gemm.even_split(tiles, chunks, slots, share=share) >= 4
-    assert gemm.even_split(tiles, chunks, slots, share=share) <= gemm.even_split(tiles, chunks, slots)
+    share = configure.split_share("NVFP4", 64, 4096)
+    assert configure.even_split(tiles, chunks, slots, share=share) >= 4
+    assert configure.even_split(tiles, chunks, slots, share=share) <= configure.even_split(tiles, chunks, slots)

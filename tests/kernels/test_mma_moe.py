@@ -26,8 +26,8 @@ import b12x_formats as bf
 from b12x_core import workspace
 from b12x_core.backends import MoEShape, Overrides, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE
+from b12x_core.tensor_core import configure, geometry
 from b12x_core.tensor_core import experts as mma_experts
-from b12x_core.tensor_core import gemm, geometry
 from b12x_core.tensor_core import layout as mma_layout
 from b12x_formats.kernel_facts import format_id
 
@@ -177,7 +177,6 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_tiles(
     """K is split only where a GEMM's expected busy output tiles (busy table blocks × 128-row tiles) fill less than
     SPLIT_BELOW_SMS of the SMs: the model-sized layers keep it whole at every token count, small ones split at one
     token."""
-    from b12x_core.backends import tensor_core_moe
 
     query = _query(H200, 4096, top_k=top_k, experts=experts, hidden=hidden, intermediate=inter)
     rows = TensorCoreMoE.configs(query, 1, 4096)
@@ -190,7 +189,7 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_tiles(
         (busy * -(-2 * inter // 128), first["splits"][0]),
         (busy * -(-hidden // 128), first["splits"][1]),
     ):
-        if tiles >= tensor_core_moe.SPLIT_BELOW_SMS * H200.sms:
+        if tiles >= configure.SPLIT_BELOW_SMS * H200.sms:
             assert split == 1, (tiles, split)
     if (top_k, experts, hidden, inter) == (1, 4, 4096, 128):  # two busy tiles over 32 chunks: split to fill SMs
         assert first["splits"][0] > 1
@@ -205,7 +204,7 @@ def test_configurations_cover_every_token_count_and_split_k_only_when_few_tiles(
 )
 def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, experts, hidden, inter):
     """Held rows (Overrides.holds_rows on): a configuration holds a GEMM's block rows only at 8-slot blocks and only
-    where 8 rows over its split's K fit gemm.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's
+    where 8 rows over its split's K fit configure.RESIDENT_MAX_BYTES, and names x_quant only where held and the format's
     kernel quantizes the mode; forced off, no configuration holds or quantizes anything."""
     for fmt, act in (("MXFP4", "mxfp8"), ("NVFP4", "nvfp4"), ("IQ2_XS", "bf16")):
         shape = MoEShape(experts=experts, hidden=hidden, intermediate=inter, top_k=top_k, activation="silu",
@@ -221,7 +220,7 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, ex
             for i, (k, mode) in enumerate(((hidden, act), (inter, act))):
                 chunks = -(-k // geometry.chunk_k(fmt))
                 split_k = -(-chunks // config["splits"][i]) * geometry.chunk_k(fmt)
-                fits = min(last * top_k, 8) * split_k * 2 <= gemm.RESIDENT_MAX_BYTES
+                fits = min(last * top_k, 8) * split_k * 2 <= configure.RESIDENT_MAX_BYTES
                 assert config["held"][i] == fits, (last, config)
                 in_kernel = fits and fmt in geometry.MMA.x_quant_formats.get(mode, ())
                 assert config["x_quant"][i] == (mode if in_kernel else "none")
@@ -230,9 +229,8 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, ex
 @pytest.mark.parametrize("held_faster_at", [(1,), (1, 2), (4, 8), ()])
 def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_faster_at):
     """Unforced (Overrides.holds_rows None), a token count holds its block rows exactly where the MoE table has
-    tensor_core_moe.HELD faster than the staged tensor_core_moe at that count; with no entry, nowhere."""
+    configure.HELD faster than the staged tensor_core_moe at that count; with no entry, nowhere."""
     from b12x_core import crossover
-    from b12x_core.backends import tensor_core_moe
 
     shape = MoEShape(experts=128, hidden=2048, intermediate=768, top_k=8, activation="silu", w13_order="gate_up",
                      act_mode_2="mxfp8", w2_format="MXFP4")  # fmt: skip
@@ -241,7 +239,7 @@ def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_fa
     staged = tuple(50.0 + 10 * m for m in ms)
     held = tuple(t + (-3.0 if m in held_faster_at else 3.0) for m, t in zip(ms, staged, strict=True))
     entry = crossover.Entry((9, 0), "MXFP4", "mxfp8", crossover.shape_class(1536, 2048), ms,
-                            {"tensor_core_moe": staged, tensor_core_moe.HELD: held}, "test", op="moe")  # fmt: skip
+                            {"tensor_core_moe": staged, configure.HELD: held}, "test", op="moe")  # fmt: skip
     monkeypatch.setattr(crossover, "load", lambda *_: (entry,))
     for m in ms:
         assert ("held" in TensorCoreMoE.call_config(q, m)) == (m in held_faster_at), m
@@ -394,7 +392,6 @@ def test_fused_routing_and_combine_only_for_decode_sized_calls():
     """Up to FUSED_MAX_SLOTS slots a call routes in its GEMMs and combines in the down GEMM (route "gemm"), past it
     the table is made apart; forced off, never; forced on, up to the kernel's routing limits. The tickets the plan
     reserves cover the down GEMM's output tiles wherever a row is fused."""
-    from b12x_core.backends import tensor_core_moe
     from b12x_kernels import interface
 
     for top_k, n_experts, hidden in ((8, 128, 2048), (4, 128, 2880), (8, 1025, 2048)):
@@ -406,7 +403,7 @@ def test_fused_routing_and_combine_only_for_decode_sized_calls():
                 for t in (first, last):
                     slots = t * top_k
                     limits = slots <= interface.ROUTE_MAX_SLOTS and n_experts <= interface.ROUTE_MAX_EXPERTS
-                    wanted = fuses if fuses is not None else slots <= tensor_core_moe.FUSED_MAX_SLOTS
+                    wanted = fuses if fuses is not None else slots <= configure.FUSED_MAX_SLOTS
                     assert (config["route"] == "gemm") == (limits and wanted), (fuses, t, config)
             if any(config["route"] == "gemm" for _, _, config in rows):
                 assert TensorCoreMoE.tickets(query, rows) >= -(-hidden // 128)

@@ -194,7 +194,7 @@ def _run(x, shards, n, bias, config, epilogue="bf16", wgmma_form=True):
 def _held_to_the_reference_and_the_mma_kernel(rng, fmt, ms, configs_of):
     """For every shape of _shapes(fmt), M in `ms`, bias on and off: each wgmma configuration of configs_of(chunks)
     equals the reference and the mma.sync kernel (itself held to the reference) on the same repacked weights."""
-    from b12x_core.tensor_core import gemm, geometry
+    from b12x_core.tensor_core import configure, gemm
 
     for n, k in _shapes(fmt):
         qw, shards = _case(rng, fmt, n, k)
@@ -207,7 +207,7 @@ def _held_to_the_reference_and_the_mma_kernel(rng, fmt, ms, configs_of):
             for b in (None, bias):
                 ref = bc.linear(x, cpu, b)
                 bg = None if b is None else b.cuda()
-                mma = _run(xg, shards, n, bg, gemm.MmaConfig(geometry.token_tile(m), 1), wgmma_form=False)
+                mma = _run(xg, shards, n, bg, gemm.MmaConfig(configure.token_tile(m), 1), wgmma_form=False)
                 close(mma, ref)
                 for config in configs:
                     y = _run(xg, shards, n, bg, config)

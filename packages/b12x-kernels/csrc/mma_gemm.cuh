@@ -39,7 +39,7 @@ constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 row
 // Row tiles per CTA, TILES: kWarps for every configuration, and 6 or 7 (6 or 7 warps) for the one-token tile of one
 // row tile a warp (MmaPlan::tiles). At one token a CTA streams its weights for the whole call and one wave holds every
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
-// busy SMs'; 112-row CTAs (256) give nearly every SM two (gemm.balanced_config picks the height).
+// busy SMs'; 112-row CTAs (256) give nearly every SM two (configure.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
 // IQ2 tables: 16 copies spread over banks, so at most 2 lanes share a bank. 8 would halve IQ2_XS's 40 KB of tables
 // and let its grouped (MoE) CTAs fit SM12x's 99 KB a block; on Hopper it times the same (tools/kernel_ab.sh with the

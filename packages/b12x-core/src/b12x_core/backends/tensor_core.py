@@ -6,10 +6,11 @@ CTAs with a deterministic in-order reduction so that a few tokens fill every SM.
 Every format; activation modes whose operand bf16 holds exactly (bf16, mxfp8, nvfp4 with its input_scale in the
 shard factor, static fp8 with its scale there too). Per-token fp8 scales need the GEMV or cuBLASLt.
 
-Configuration per token count: the token tile (8, 16 or 32 tokens per CTA; larger calls run several tiles) and
-the K split whose CTAs fill the GPU in the most even waves (tensor_core.gemm.default_config, from the kernel's occupancy
-on this device); at one token (FP8 and MXFP8: up to 8), activations held whole in shared memory (gemm.holds_resident),
-and there quantized by the kernel itself for the quantized modes it pairs with (the plan row's `x_quant`).
+Configuration per token count (tensor_core.configure.linear_rule, the family's rules in one module): the token tile
+(8, 16 or 32 tokens per CTA; larger calls run several tiles) and the K split whose CTAs fill the GPU in the most even
+waves, from the kernel's occupancy on this device; at one token (FP8 and MXFP8: up to 8), activations held whole in
+shared memory, and there quantized by the kernel itself for the quantized modes it pairs with (the plan row's
+`x_quant`).
 """
 
 from __future__ import annotations
@@ -17,20 +18,10 @@ from __future__ import annotations
 import torch
 
 from .. import workspace
-from ..tensor_core import gemm, geometry, layout
+from ..tensor_core import configure, gemm, geometry, layout
 from . import operands
 from .base import Backend, config_ranges
 from .operands import mma_layout_reason
-
-
-# Every pair the kernels quantize (MMA.x_quant_formats) does it where the rows are held, instead of a separate
-# operand pass (b12x_kernels.act_quant, one launch a linear): on every 8B and 70B linear at one and four tokens the
-# kernel's own quantization ran as fast or faster (`python benchmarks/mma_linear.py --per-linear --x-quant-ab`
-# re-measures it, the same configurations both ways).
-def quantizes_in_kernel(fmt: str, act_mode: str, config: gemm.MmaConfig) -> bool:
-    """Whether a call under `config` quantizes its activations inside the kernel instead of an operand pass first:
-    resident configurations of the pairs the kernels quantize (MMA.x_quant_formats)."""
-    return config.resident and gemm.quantizes(fmt, act_mode)
 
 
 class TensorCoreGemm(Backend):
@@ -54,20 +45,7 @@ class TensorCoreGemm(Backend):
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
-        q = query
-        chunks = -(-q.k // geometry.chunk_k(q.format))
-        slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
-        limit = geometry.smem_limit(q)  # every CTA within the device's shared memory a block
-
-        def config_of(m: int) -> dict:
-            mt = geometry.fitting_token_tile(m, q.format, limit)
-            c = gemm.default_config(m, q.n, chunks, slots[mt], sms=q.device.sms,
-                                    share=gemm.split_share(q.format, m, q.k), fmt=q.format,
-                                    act_mode=q.act_mode, smem_limit=limit)  # fmt: skip
-            in_kernel = quantizes_in_kernel(q.format, q.act_mode, c)
-            return {**c.plan_row(), **({"x_quant": q.act_mode} if in_kernel else {})}
-
-        return config_ranges(lo, hi, config_of)
+        return config_ranges(lo, hi, configure.linear_rule(query))
 
     @staticmethod
     def tickets(query, rows) -> int:

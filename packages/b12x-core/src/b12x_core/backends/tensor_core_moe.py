@@ -8,13 +8,13 @@ per GEMM over every touched expert.
 - down GEMM: each K split writes its float32 slot rows; the combine (b12x_kernels.tiles.moe_combine) sums splits
   and each token's top-k rows in order: deterministic, no atomics on data.
 - The intermediate's mxfp8 / nvfp4 quantization runs between them (b12x_kernels.act_quant), as the Triton path.
-- Fused (decode-sized calls, up to FUSED_MAX_SLOTS slots): no table launch and no combine launch. Each CTA of both
-  GEMMs finds its block of the table from the ids (the same blocks), and the down GEMM's last CTA of each output
-  tile combines its columns (a ticket each). With held rows that quantize in the kernel a call is two launches.
+- Fused (decode-sized calls, up to configure.FUSED_MAX_SLOTS slots): no table launch and no combine launch. Each CTA
+  of both GEMMs finds its block of the table from the ids (the same blocks), and the down GEMM's last CTA of each
+  output tile combines its columns (a ticket each). With held rows that quantize in the kernel a call is two launches.
 - Held rows: at 8-slot blocks each GEMM can hold its block's gathered rows over its split's K in shared memory (the
   dense path's resident form), and then quantizes them there for the modes its format pairs with
   (MMA.x_quant_formats), with no operand pass. A token count holds them where the measured MoE table has this
-  backend faster so (its HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
+  backend faster so (its configure.HELD times, benchmarks/moe.py) than staged; unmeasured, it stages them.
 
 - Short CTAs: where a format's 128-row CTA does not fit the device's shared memory a block (SM12x's 99 KB and
   IQ2_XS's 40 KB of grid and sign tables), both GEMMs run 112- or 96-row CTAs at 8-slot blocks (config "rows")
@@ -24,41 +24,23 @@ per GEMM over every touched expert.
 
 TensorCoreMoEWgmma (`tensor_core_moe_wgmma`) runs the same call on the Hopper grouped GEMM (below).
 
-Configuration per token count: the token tile from the mean slots per expert; each GEMM's K whole unless its
-expected busy output tiles fill less than half the SMs (then split for even waves over SMs × CTAs per SM); the
-routing ("route"): "gemm" (fused, above) up to FUSED_MAX_SLOTS slots, else the table's maker as the Triton path's.
+Configuration per token count (tensor_core.configure.moe_config, the family's rules in one module): the token tile
+from the mean slots per expert; each GEMM's K whole unless its expected busy output tiles fill less than half the SMs
+(then split for even waves over SMs × CTAs per SM); the routing ("route"): "gemm" (fused, above) up to
+configure.FUSED_MAX_SLOTS slots, else the table's maker as the Triton path's; held rows at 8-slot blocks.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import crossover, workspace
-from ..moe_blocks import block_table, decode_kernels, max_blocks, table_maker
-from ..tensor_core import experts, gemm, geometry, layout, wgmma
+from .. import workspace
+from ..moe_blocks import block_table, max_blocks
+from ..tensor_core import configure, experts, gemm, geometry, layout, wgmma
 from . import operands
 from .base import Backend, config_ranges, cuda_reason
 
 MODES = geometry.MMA.grouped_act_modes
-# The MoE table's name for this backend's times with held rows at 8-slot blocks (call_config's "held" and
-# "x_quant"; `python benchmarks/moe.py --backends tensor_core_moe,tensor_core_moe+held` measures it beside the staged
-# times). It is mixed, faster where it saves the quantize passes (MXFP4 x mxfp8), slower with bf16 activations
-# (IQ2_XS), so a token count holds the rows only where its table entry has it faster.
-HELD = "tensor_core_moe+held"
-# A GEMM splits K only where its busy output tiles fill less than this share of the SMs: with 92-180 busy tiles on
-# 132 SMs (Qwen3-30B-A3B- and gpt-oss-like layers, 1-16 tokens) K whole was the fastest or within 1% of it at every
-# point, and the even-wave splits cost up to 14%: the block table's experts already spread the GEMM over the SMs,
-# and each split adds partial sums and their reduction. `python benchmarks/moe_splits.py` times every split pair.
-SPLIT_BELOW_SMS = 0.5
-# The routing table and the combine inside the GEMMs up to this many token slots: each CTA then ranks the slots
-# itself and one CTA an output tile sums its tokens, work that grows with the slots while the two launches it saves
-# do not: faster at 4-32 slots (one and four tokens), slower at 64 and 128 (16 tokens of the gpt-oss- and Qwen3-like
-# layers). `python benchmarks/moe.py --ts 1,4,16 --backends tensor_core_moe,tensor_core_moe@unfused` re-measures it.
-FUSED_MAX_SLOTS = 32
-
-
-def _rows13(shape) -> int:
-    return 2 * shape.intermediate if shape.activation == "silu" else shape.intermediate
 
 
 class TensorCoreMoE(Backend):
@@ -75,7 +57,7 @@ class TensorCoreMoE(Backend):
         for mode in (q.act_mode, shape.act_mode_2):
             if mode not in MODES:
                 return False, f"needs bf16-exact activations ({', '.join(MODES)}), not {mode}"
-        for what, rows in (("w13", _rows13(shape)), ("w2", shape.hidden)):
+        for what, rows in (("w13", experts.rows13(shape)), ("w2", shape.hidden)):
             if rows % 16:
                 return False, f"stacks experts in 16-row tiles: {what} needs rows per expert % 16 == 0, has {rows}"
         if shape.hidden % 8 or shape.intermediate % 8:
@@ -102,94 +84,15 @@ class TensorCoreMoE(Backend):
 
     @classmethod
     def call_config(cls, query, tokens: int) -> dict:
-        """The token tile (8·mt slots per table block), both GEMMs' K splits, the routing table's maker."""
-        shape = query.moe
-        slots = tokens * shape.top_k
-        touched = min(slots, shape.experts)
-        per_expert = -(-slots // touched)
-        height = cls._height(query)
-        mt = cls._token_tile(query, per_expert) if height == geometry.FULL_HEIGHT else 1  # short CTAs: 8-slot blocks
-        rows = geometry.TILE_ROWS * height
-        busy_blocks = touched * geometry.token_tiles(per_expert, mt)  # routing spread evenly: what a call can expect
-        splits = []
-        for fmt, n, k in ((query.format, _rows13(shape), shape.hidden), (shape.w2_format, shape.hidden,
-                                                                             shape.intermediate)):  # fmt: skip
-            tiles = geometry.output_tiles(busy_blocks, n, rows)
-            chunks = -(-k // geometry.chunk_k(fmt))
-            few = tiles < query.device.sms * SPLIT_BELOW_SMS
-            splits.append(gemm.even_split(tiles, chunks, cls._occupancy(query, fmt, mt, height)) if few else 1)
-        route = "gemm" if cls._fuses(query, slots) else table_maker(slots, decode_kernels())
-        config = {"tokens": 8 * mt, "splits": tuple(splits), "route": route}
-        if height != geometry.FULL_HEIGHT:
-            config["rows"] = rows
-        if mt == 1 and cls._holds(query, tokens):
-            config.update(cls._held(query, slots, splits, height))
-        return config
+        """The configuration of a call of `tokens` tokens (tensor_core.configure.moe_config) under this class's
+        hooks: its token tile, its GEMMs' occupancy, whether it routes in the GEMMs."""
+        return configure.moe_config(query, tokens, token_tile=cls._token_tile, occupancy=cls._occupancy,
+                                    fuses=cls._fuses)  # fmt: skip
 
-    @staticmethod
-    def _height(query) -> int:
-        """Row tiles a CTA of both GEMMs: 8 (128 rows) where that fits the device's shared memory a block at
-        one-token tiles, else (Overrides.short_ctas) the tallest short form that does; can_implement refuses the
-        rest."""
-        limit = geometry.smem_limit(query)
-        down = geometry.fitting_heights(query.moe.w2_format, limit)
-        heights = [h for h in geometry.fitting_heights(query.format, limit) if h in down]
-        short = query.overrides.short_ctas
-        return heights[0] if heights and (short or heights[0] == geometry.FULL_HEIGHT) else geometry.FULL_HEIGHT
-
-    @staticmethod
-    def _token_tile(query, per_expert: int) -> int:
-        """The token tile mt (8·mt slots a table block) for `per_expert` slots an expert, both GEMMs' CTAs within
-        the device's shared memory a block."""
-        limit = geometry.smem_limit(query)
-        return min(geometry.fitting_token_tile(per_expert, fmt, limit) for fmt in (query.format, query.moe.w2_format))
-
-    @staticmethod
-    def _occupancy(query, fmt: str, mt: int, height: int) -> int:
-        """CTAs of one GEMM (format, token tile, `height` row tiles a CTA) that run at once: what a K split fills."""
-        return geometry.occupancy_slots(query, fmt, mt, height)
-
-    @staticmethod
-    def _fuses(query, slots: int) -> bool:
-        """Whether a call of `slots` token slots routes in its GEMMs and combines in the down GEMM (config "route":
-        "gemm"): Overrides.fuses where set, else up to FUSED_MAX_SLOTS; never past the kernel's routing limits."""
-        fits = slots <= geometry.MMA.route_max_slots and query.moe.experts <= geometry.MMA.route_max_experts
-        forced = query.overrides.fuses
-        wanted = forced if forced is not None else slots <= FUSED_MAX_SLOTS and decode_kernels()
-        return fits and wanted
-
-    @classmethod
-    def _holds(cls, query, tokens: int) -> bool:
-        """Whether calls of `tokens` tokens hold their rows: Overrides.holds_rows where set, else where the measured
-        MoE table has HELD faster than this backend's staged time at that count (interpolated as the plans read
-        it)."""
-        if query.overrides.holds_rows is not None:
-            return query.overrides.holds_rows
-        found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
-        if found is None:
-            return False
-        entry = found[0]
-        held, staged = entry.time(HELD, tokens)[0], entry.time(cls.name, tokens)[0]
-        return held is not None and staged is not None and held < staged
-
-    @staticmethod
-    def _held(query, slots: int, splits: list[int], height: int) -> dict:
-        """Per GEMM (gate/up, down): whether its 8-slot blocks hold their rows over the split's K (the dense rule's
-        bytes, gemm.RESIDENT_MAX_BYTES), and the activation mode the kernel then quantizes them to ("none": bf16,
-        or the operand pass where the format has no in-kernel form for it)."""
-        shape = query.moe
-        held, modes = [], []
-        limit = geometry.smem_limit(query)
-        for fmt, k, splits_k, mode in ((query.format, shape.hidden, splits[0], query.act_mode),
-                                       (shape.w2_format, shape.intermediate, splits[1], shape.act_mode_2)):  # fmt: skip
-            chunks = -(-k // geometry.chunk_k(fmt))
-            per_split = -(-chunks // splits_k)
-            holds = gemm.held_rows_fit(fmt, slots, chunks, splits_k) and geometry.fits(
-                fmt, 1, height, limit, min(slots, 8), per_split
-            )
-            held.append(holds)
-            modes.append(mode if holds and gemm.quantizes(fmt, mode) else "none")
-        return {"held": tuple(held), "x_quant": tuple(modes)}
+    # The hooks the Hopper grouped backend (TensorCoreMoEWgmma) overrides: the mma.sync kernel's rules here.
+    _token_tile = staticmethod(configure.moe_token_tile)
+    _occupancy = staticmethod(configure.moe_occupancy)
+    _fuses = staticmethod(configure.moe_fuses)
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
@@ -209,9 +112,8 @@ class TensorCoreMoE(Backend):
         def tiles(blocks: int, n: int, config: dict) -> int:
             return geometry.output_tiles(blocks, n, config.get("rows", geometry.ROWS_PER_CTA))
 
-        split = [
-            tiles(cls.table_blocks(query, last, c), _rows13(query.moe), c) for _, last, c in rows if c["splits"][0] > 1
-        ]
+        rows13 = experts.rows13(query.moe)
+        split = [tiles(cls.table_blocks(query, last, c), rows13, c) for _, last, c in rows if c["splits"][0] > 1]
         combine = [tiles(1, query.moe.hidden, c) for _, _, c in rows if c["route"] == "gemm"]
         return max([1, *split, *combine])
 
@@ -227,7 +129,7 @@ class TensorCoreMoE(Backend):
         s13, s2 = config["splits"]
         xq2 = config.get("x_quant", ("none", "none"))[1]  # quantized in the kernel: no operand buffer
         x_specs = self._x_specs(tokens, config)
-        partial13 = [((s13, slots, _rows13(shape)), torch.float32)] if s13 > 1 else []
+        partial13 = [((s13, slots, experts.rows13(shape)), torch.float32)] if s13 > 1 else []
         inter = [((slots, shape.intermediate), torch.bfloat16)]
         inter_specs = operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate) if xq2 == "none" else []
         out = [((s2, slots, shape.hidden), torch.float32)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import workspace
-from ..tensor_core import gemm, geometry, wgmma
+from ..tensor_core import configure, gemm, geometry, wgmma
 from . import operands
 from .base import Backend, config_ranges
 from .operands import mma_layout_reason
@@ -47,7 +47,7 @@ class TensorCoreWgmma(Backend):
         slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)}
 
         def config_of(m: int) -> dict:
-            share = gemm.split_share(q.format, m, q.k)
+            share = configure.split_share(q.format, m, q.k)
             c = wgmma.default_config(m, q.n, chunks, slots.get, share=share, fmt=q.format, sms=q.device.sms)
             return c.plan_row()
 

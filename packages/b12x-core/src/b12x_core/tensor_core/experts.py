@@ -23,6 +23,12 @@ from . import gemm
 GATE_UP_ROWS = 8  # rows of gate, then of up, per 16-row tile
 
 
+def rows13(shape) -> int:
+    """Rows of one expert's w13 stack (the gate/up GEMM's N) for an MoEShape: gate and up (2I) for gated SiLU, I for
+    ReLU²."""
+    return 2 * shape.intermediate if shape.activation == "silu" else shape.intermediate
+
+
 def interleave_gate_up(inter: int, gate_first: bool) -> np.ndarray:
     """Row order of one expert's [2I] w13 rows for the fused SiLU epilogue: position p holds stacked row
     order[p]; tile i holds gate rows 8i..8i+7 then up rows 8i..8i+7."""

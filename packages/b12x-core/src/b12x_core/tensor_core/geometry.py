@@ -1,9 +1,12 @@
 """The tensor-core GEMM's geometry as b12x_core counts with it: the kernel's own numbers (rows per CTA, K per
-chunk, token tiles) come from b12x_kernels.interface, the module csrc/interface.h is generated from; the counts
-made of them (output tiles, split-K tickets, CTAs that run at once) are here, once.
+chunk, token tiles, CTA heights) come from b12x_kernels.interface, the module csrc/interface.h is generated from; the
+counts made of them (output tiles, split-K tickets, CTAs that run at once, what fits a device's shared memory a block)
+are here, once. It chooses nothing: the rules that pick a configuration from these counts are tensor_core/configure.py.
 """
 
 from __future__ import annotations
+
+import torch
 
 from b12x_formats.kernel_facts import format_id
 
@@ -24,14 +27,9 @@ CTA_HEIGHTS = MMA.cta_heights  # tallest first: 128 rows, or 112 / 96 at one-tok
 FULL_HEIGHT = CTA_HEIGHTS[0]  # row tiles of a 128-row CTA (every grouped CTA, every token tile past 8)
 
 __all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "MMA", "QUAD", "ROWS_PER_CTA",
-           "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "fitting_token_tile",
-           "kernels_run", "occupancy_slots", "output_tiles", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
-           "token_tile", "token_tiles"]  # fmt: skip
-
-
-def token_tile(m: int) -> int:
-    """mt of the token tile (8·mt tokens) that covers m tokens in the fewest tiles: 8, 16, then 32 per tile."""
-    return 1 if m <= 8 else 2 if m <= 16 else 4
+           "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "kernels_run",
+           "occupancy_slots", "output_tiles", "slots", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
+           "token_tiles"]  # fmt: skip
 
 
 def token_tiles(m: int, mt: int) -> int:
@@ -69,6 +67,13 @@ def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
     return query.device.sms * blocks
 
 
+def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
+    """CTAs that run at once on a CUDA device here (the benchmarks' count; a plan's is occupancy_slots): SMs × the
+    kernel's CTAs per SM (occupancy of that format and token tile)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * max(1, kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))
+
+
 def smem_limit(query) -> int:
     """Bytes of shared memory one CTA may take on the query's CUDA device (its opt-in limit per block: 227 KB on
     SM90, 99 KB on SM12x); 0 where no CUDA kernel runs (nothing to keep within)."""
@@ -92,15 +97,6 @@ def fits(fmt: str, mt: int, tiles: int, limit: int, resident_rows: int = 0, chun
         return True
     need = smem_bytes(fmt, mt, tiles, resident_rows, chunks_per_split)
     return need is None or 0 < need <= limit
-
-
-def fitting_token_tile(m: int, fmt: str, limit: int) -> int:
-    """token_tile(m), halved while its 128-row CTA does not fit `limit` (SM12x's 99 KB: FP4 at 32-token tiles, IQ2 at
-    16): more token tiles of the kernel that runs, rather than one that cannot launch."""
-    mt = token_tile(m)
-    while mt > 1 and not fits(fmt, mt, FULL_HEIGHT, limit):
-        mt //= 2
-    return mt
 
 
 def fitting_heights(fmt: str, limit: int) -> tuple[int, ...]:

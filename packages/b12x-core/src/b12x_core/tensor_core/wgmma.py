@@ -18,7 +18,8 @@ from b12x_formats.kernel_facts import SAME_LAYOUT
 
 from .. import kernels
 from ..kernels import interface as _interface
-from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr, even_split
+from .configure import even_split
+from .gemm import MmaConfig, MmaShard, MmaWorkspace, device_ptr
 from .geometry import TILE_ROWS, chunk_k, output_tiles, token_tiles
 
 FACTOR_FORMATS = _interface.WGMMA_FACTOR_FORMATS  # a per-chunk fp32 factor, folded
@@ -103,8 +104,8 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
 def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0,
                    fmt: str = "NVFP4", sms: int | None = None) -> MmaConfig:  # fmt: skip
     """The token tile of `fmt` for M (token_tile; or the given mt), and the K split that fills the GPU
-    (gemm.even_split, each split's partials weighed by `share`: gemm.split_share); `slots_of(mt)` gives the CTAs
-    that run at once. Given the GPU's `sms` and no mt, from WIDE_FROM tokens on the FP4 formats run 256-row CTAs
+    (configure.even_split, each split's partials weighed by `share`: configure.split_share); `slots_of(mt)` gives the
+    CTAs that run at once. Given the GPU's `sms` and no mt, from WIDE_FROM tokens on the FP4 formats run 256-row CTAs
     (wide_config)."""
     if mt is None and sms and fmt in WIDE_FORMATS and m >= WIDE_FROM:
         return wide_config(m, n, chunks, sms, WIDE_TOKEN_TILES[-1], share)
