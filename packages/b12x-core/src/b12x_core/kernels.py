@@ -49,24 +49,24 @@ def unavailable_reason() -> str:
 
 # -------------------------------------------------------------------------------- the CUDA extension's bindings
 # Arguments as b12x_kernels/__init__.py lists them: the family's packed argument block, then what changes per call.
-def gemv_ggml(plan: bytes, *args, **kwargs) -> None:
-    b12x_kernels.gemv_ggml(plan, *args, **kwargs)
+def gemv_ggml(plan: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.gemv_ggml(plan, *per_call, **kwargs)
 
 
-def gemv_elem(plan: bytes, *args, **kwargs) -> None:
-    b12x_kernels.gemv_elem(plan, *args, **kwargs)
+def gemv_elem(plan: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.gemv_elem(plan, *per_call, **kwargs)
 
 
-def mma_gemm(plan: bytes, *args, **kwargs) -> None:
-    b12x_kernels.mma_gemm(plan, *args, **kwargs)
+def mma_gemm(plan: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.mma_gemm(plan, *per_call, **kwargs)
 
 
-def mma_dequantize(plan: bytes, *args, **kwargs) -> None:
-    b12x_kernels.mma_dequantize(plan, *args, **kwargs)
+def mma_dequantize(plan: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.mma_dequantize(plan, *per_call, **kwargs)
 
 
-def wgmma_gemm(plan: bytes, *args, **kwargs) -> None:
-    b12x_kernels.wgmma_gemm(plan, *args, **kwargs)
+def wgmma_gemm(plan: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.wgmma_gemm(plan, *per_call, **kwargs)
 
 
 def embedding_q8_0(*args) -> None:
