@@ -27,8 +27,8 @@ for case in sys.argv[1:] or CASES:
     if mt == "auto":
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        config = configure.default_config(m, n, chunks, geometry.slots(fmt, configure.token_tile(m), "cuda"), sms=sms,
-                                          share=configure.split_share(fmt, m, k), fmt=fmt)  # fmt: skip
+        ctas = geometry.slots(fmt, configure.token_tile(m), "cuda")
+        config = configure.default_config(m, n, chunks, ctas, sms=sms, share=configure.split_share(fmt, m, k), fmt=fmt)
     else:
         config = gemm.MmaConfig(int(mt), int(splits))
     if held:
