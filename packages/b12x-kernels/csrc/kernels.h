@@ -96,4 +96,14 @@ const char* wgmma_plan_error(const MmaPlan& plan);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
 cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
 
+// SM12x's block-scaled mma.sync (block_scaled_mma.cuh) once per warp for each of `fragments` fragments: the
+// instruction on sm_120a / sm_121a, its emulation elsewhere. `kind` a bsmma::Kind (b12x_kernels.block_scaled_mma
+// .kind_id), the selectors one of Table 40's combinations for it. Fragment f, lane l: a[(32f + l)·4 + i],
+// b[(32f + l)·2 + i], c and d like a, sfa[32f + l], sfb[32f + l]. block_scaled_mma_probe_error: why the kind and
+// selectors cannot run (null: they can).
+const char* block_scaled_mma_probe_error(int kind, int byte_id_a, int thread_id_a, int byte_id_b, int thread_id_b);
+cudaError_t block_scaled_mma_probe(int kind, const uint32_t* a, const uint32_t* b, const float* c,
+                                   const uint32_t* sfa, const uint32_t* sfb, float* d, int fragments, int byte_id_a,
+                                   int thread_id_a, int byte_id_b, int thread_id_b, cudaStream_t stream);
+
 }  // namespace b12x

@@ -190,6 +190,29 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("plan"), py::arg("out"), py::arg("stream"));
 
+  // SM12x's block-scaled mma.sync (csrc/block_scaled_mma.cuh) once per warp for each of `fragments` fragments of
+  // lane registers (kernels.h says the layout): the instruction on sm_120a / sm_121a, its emulation elsewhere.
+  m.def(
+      "block_scaled_mma_probe",
+      [](int kind, std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t sfa, std::uintptr_t sfb,
+         std::uintptr_t d, int fragments, int byte_id_a, int thread_id_a, int byte_id_b, int thread_id_b,
+         std::uintptr_t stream) {
+        if (const char* error = b12x::block_scaled_mma_probe_error(kind, byte_id_a, thread_id_a, byte_id_b,
+                                                                   thread_id_b))
+          throw std::invalid_argument(error);
+        if (fragments < 0) throw std::invalid_argument("block_scaled_mma_probe: need fragments >= 0");
+        if (fragments && (!a || !b || !c || !sfa || !sfb || !d || (a | b | c | sfa | sfb | d) % 4))
+          throw std::invalid_argument("block_scaled_mma_probe: null or misaligned (4 bytes) pointer");
+        check(b12x::block_scaled_mma_probe(kind, ptr<const uint32_t>(a), ptr<const uint32_t>(b), ptr<const float>(c),
+                                           ptr<const uint32_t>(sfa), ptr<const uint32_t>(sfb), ptr<float>(d),
+                                           fragments, byte_id_a, thread_id_a, byte_id_b, thread_id_b,
+                                           stream_of(stream)),
+              "block_scaled_mma_probe launch");
+      },
+      py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("sfa"), py::arg("sfb"), py::arg("d"),
+      py::arg("fragments"), py::arg("byte_id_a"), py::arg("thread_id_a"), py::arg("byte_id_b"),
+      py::arg("thread_id_b"), py::arg("stream"));
+
   m.def(
       "embedding_q8_0",
       [](std::uintptr_t table, std::uintptr_t ids, bool ids_int64, std::uintptr_t out, int T, int V, int H,

@@ -77,6 +77,10 @@ def _needs_build(name: str):
 #   mma_smem_bytes(format_id, mt, tiles=8, resident_rows=0, chunks_per_split=0): the dynamic shared memory one CTA of
 #       that kernel takes (held rows where resident_rows > 0; 0: no such kernel), computed on the host
 #   wgmma_blocks_per_sm(format_id, mt): the same for wgmma_gemm (0 off sm_90)
+#   block_scaled_mma_probe(kind, a, b, c, sfa, sfb, d, fragments, byte_id_a, thread_id_a, byte_id_b, thread_id_b,
+#       stream): SM12x's block-scaled mma.sync (kind: block_scaled_mma.kind_id) once per warp for each fragment of
+#       lane registers, a uint32 [fragments, 32, 4], b [.., 2], c and d float32 [.., 4], sfa and sfb uint32
+#       [fragments, 32]: the instruction on sm_120a / sm_121a, its emulation (block_scaled_mma's model) elsewhere
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
 mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
@@ -86,3 +90,4 @@ embedding_q8_0 = _C.embedding_q8_0 if _C else _needs_build("embedding_q8_0")
 mma_dequantize = _C.mma_dequantize if _C else _needs_build("mma_dequantize")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")
 mma_smem_bytes = _C.mma_smem_bytes if _C else _needs_build("mma_smem_bytes")
+block_scaled_mma_probe = _C.block_scaled_mma_probe if _C else _needs_build("block_scaled_mma_probe")
