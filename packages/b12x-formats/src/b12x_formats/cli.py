@@ -84,7 +84,17 @@ def _imatrix(args) -> None:
     from .imatrix import write_imatrix
     from .imatrix_compute import compute_imatrix
 
-    _exists(args.model, "MODEL")
+    model = _exists(args.model, "MODEL")
+    if (model / "config.json").is_file():  # transformers runs float layers only
+        from .checkpoint import Checkpoint
+
+        stored = Checkpoint(model).quantized_layers()
+        if stored:
+            prefix, fmt = next(iter(stored.items()))
+            raise ValueError(
+                f"MODEL {model} holds {len(stored)} layer{'s' * (len(stored) > 1)} in b12x formats ({prefix}: {fmt}), "
+                "which transformers cannot run; give its .gguf file, or its bf16 twin (b12x-formats dequantize MODEL TWIN_DIR)"
+            )
     _exists(args.text, "--text")
     if Path(args.output).exists() and not args.force:  # before the model runs, not after
         raise FileExistsError(f"--output {args.output} exists; pass --force to replace it")
