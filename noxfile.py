@@ -71,7 +71,7 @@ def _pip(session: nox.Session, python: Path, env: dict[str, str], step: str, key
     if _installed(step, key):
         session.log(f"{step}: already installed in {SHARED_ENV}")
         return
-    session.run(str(python), "-m", "pip", "install", *args, env=env, external=True)
+    session.run(str(python), "-m", "pip", "install", *args, env=env, external=True, silent=True)  # as session.install
     _mark_installed(step, key)
 
 
@@ -124,6 +124,9 @@ def _kernels_wheel(session: nox.Session, python: Path, env: dict[str, str], cuda
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     build_env = env | {"B12X_CUDA": cuda, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    if cuda != "OFF":
+        session.log("building b12x-kernels with its CUDA extension where nvcc is (sm_90, sm_120a, sm_121a; minutes "
+                    f"on a few cores), once for these sources: {folder}")  # fmt: skip
     session.run(str(python), "-m", "pip", "wheel", "--no-deps", "-w", str(tmp), str(KERNELS), env=build_env,
                 external=True)  # fmt: skip
     os.replace(tmp, folder)
