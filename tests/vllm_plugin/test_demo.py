@@ -112,3 +112,28 @@ def test_eval_log_goes_beside_the_model_not_the_working_directory(tmp_path, monk
     assert b12x_eval.main([str(tmp_path / "models" / "q")]) == 0
     assert logs == [tmp_path / "models" / "q.vllm.log"]
     assert f"(vLLM's log: {tmp_path / 'models' / 'q.vllm.log'})" in capsys.readouterr().out
+
+
+def test_candidates_quantize_and_score_every_mix_in_one_table(tmp_path, monkeypatch, capsys):
+    """`--candidates` on a small float model (vLLM replaced by a stand-in that scores by bytes): a row per mix, each
+    with its bytes and its perplexity over the source's."""
+    from b12x_formats.inspect import inspect_path
+
+    cfg = dict(TINY_LLAMA, num_hidden_layers=4)
+    save_checkpoint(tmp_path / "hf", llama_tensors(cfg).items(), cfg)
+
+    def scored(model, log, **kw):
+        nbytes = sum(r.nbytes for r in inspect_path(model))
+        return {"model": str(model), "perplexity": 1e6 / nbytes, "tokens": 7, "quantization": None}
+
+    monkeypatch.setattr(demo, "run_model", scored)
+    assert demo.main(["--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out"), "--candidates"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("mix "))
+    rows = {line.split()[0]: line.split() for line in lines[start + 1 :]}
+    assert list(rows) == ["source", *demo.MIXES]
+    assert rows["source"][1] == "(BF16)" and [rows["source"][i] for i in (4, 5, 7)] == ["16.000", "1.000", "1.000"]
+    for mix in demo.MIXES:
+        assert (tmp_path / "out" / "mixes" / mix / "config.json").exists()
+        ratio_bytes, ratio_ppl = float(rows[mix][4]), float(rows[mix][6])
+        assert ratio_bytes < 1 and abs(ratio_ppl - 1 / ratio_bytes) < 0.01, rows[mix]
