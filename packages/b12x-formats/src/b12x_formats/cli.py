@@ -93,7 +93,8 @@ def _imatrix(args) -> None:
             prefix, fmt = next(iter(stored.items()))
             raise ValueError(
                 f"MODEL {model} holds {len(stored)} layer{'s' * (len(stored) > 1)} in b12x formats ({prefix}: {fmt}), "
-                "which transformers cannot run; give its .gguf file, or its bf16 twin (b12x-formats dequantize MODEL TWIN_DIR)"
+                "which transformers cannot run; give its .gguf file, or its bf16 twin "
+                "(b12x-formats dequantize MODEL TWIN_DIR)"
             )
     _exists(args.text, "--text")
     if Path(args.output).exists() and not args.force:  # before the model runs, not after
