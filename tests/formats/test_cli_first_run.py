@@ -158,3 +158,13 @@ def test_example_help_and_formats_table(capsys):
     header = lines[0]
     starts = {line.index(" " + line.split()[5]) for line in lines[1:]}  # where each row's layout column starts
     assert starts == {header.index(" layout")}, lines
+
+
+def test_imatrix_of_a_quantized_checkpoint_says_what_to_give_instead(tmp_path, odd, capsys):
+    assert main(["quantize", str(odd), str(tmp_path / "q"), "--default", "Q8_0"]) == 0
+    (tmp_path / "calib.txt").write_text("a few words of text")
+    argv = ["imatrix", str(tmp_path / "q"), "--text", str(tmp_path / "calib.txt"), "-o", str(tmp_path / "m.gguf")]
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert f"MODEL {tmp_path / 'q'} holds 21 layers in b12x formats" in line and "b12x-formats dequantize" in line
+    assert not (tmp_path / "m.gguf").exists()
