@@ -64,7 +64,7 @@ def test_write_is_atomic(tmp_path, rng):
         save_checkpoint(out, failing(), {"v": 2}, overwrite=True)
     assert digest(out) == before  # the old checkpoint is untouched
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no temporary directory left behind
-    with pytest.raises(FileExistsError, match="--force"):
+    with pytest.raises(FileExistsError, match="overwrite=True"):
         save_checkpoint(out, [("x", np.ones(3, np.float32))], {})
     save_checkpoint(out, [("y", np.ones(2, np.float32))], {"v": 3}, overwrite=True)
     assert Checkpoint(out).tensor_names() == ["y"] and [p.name for p in tmp_path.iterdir()] == ["ck"]

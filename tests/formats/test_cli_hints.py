@@ -18,7 +18,7 @@ def test_convert_gguf_names_a_missing_file_before_any_extras_hint(tmp_path, monk
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if the [convert] extra were not installed
     assert main(["convert-gguf", str(tmp_path / "nope.gguf"), str(tmp_path / "out")]) == 2
     err = one_error_line(capsys)
-    assert "nope.gguf: no such GGUF file" in err and "convert]" not in err
+    assert f"GGUF_FILE {tmp_path / 'nope.gguf'} does not exist" in err and "convert]" not in err
 
 
 def test_convert_gguf_without_transformers_says_what_to_install_from_the_repo(tmp_path, monkeypatch, capsys):
@@ -35,7 +35,7 @@ def test_imatrix_without_transformers_and_with_missing_inputs(tmp_path, monkeypa
     assert "calib.txt" in one_error_line(capsys)
     text.write_text("some words " * 20)
     assert main(["imatrix", str(tmp_path / "nomodel"), "--text", str(text), "-o", str(tmp_path / "m.gguf")]) == 2
-    assert "nomodel: no such model" in one_error_line(capsys)
+    assert f"MODEL {tmp_path / 'nomodel'} does not exist" in one_error_line(capsys)
     monkeypatch.setitem(sys.modules, "transformers", None)
     assert main(["imatrix", str(tmp_path), "--text", str(text), "-o", str(tmp_path / "m.gguf")]) == 2
     assert "packages/b12x-formats[convert]" in one_error_line(capsys)

@@ -76,8 +76,9 @@ def test_quantize_mixed_input_errors_name_the_layer(tmp_path, mixed, capsys):
     rc = main(["quantize", str(tmp_path / "q8"), str(tmp_path / "bad"), "--default", "Q8_0", "--layer", rule])
     assert rc == 2 and not (tmp_path / "bad").exists()
     assert (
-        "model.layers.0.self_attn.o_proj: K=160 is not a multiple of 256, the group size of IQ2_XS; choose another "
-        "format for it with --layer 'model.layers.0.self_attn.o_proj=FMT' or keep its Q8_0 with --keep "
+        f"--layer '{rule}': K=160 is not a multiple of 256, the group size of IQ2_XS, in "
+        "model.layers.0.self_attn.o_proj; give it another format with one rule before --layer "
+        f"'{rule}': --layer 'model.layers.0.self_attn.o_proj=NVFP4', or keep it as stored with --keep "
         "'model.layers.0.self_attn.o_proj'" in capsys.readouterr().err
     )
     # asking only for what the input already holds changes nothing: an error, not a silent copy

@@ -15,10 +15,27 @@ from .output import Terminated
 from .parallel import default_jobs
 
 
+def _exists(path: str, what: str) -> Path:
+    """`path`, or FileNotFoundError naming it as missing and as the command line calls it."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    return Path(path)
+
+
+def _output(out: str, force: bool, inputs: list[Path]) -> None:
+    """Refuse an OUT_DIR the command would not write, in the command line's words (check_output's rules)."""
+    from .output import check_output
+
+    try:
+        check_output(out, inputs, force)
+    except FileExistsError:
+        raise FileExistsError(f"OUT_DIR {out} exists; pass --force to replace it") from None
+
+
 def _inspect(args) -> None:
     from .inspect import inspect_path, render
 
-    rows = inspect_path(args.path)
+    rows = inspect_path(_exists(args.path, "PATH"))
     if args.json:
         print(json.dumps([asdict(r) | {"bits_per_weight": r.bits_per_weight} for r in rows], indent=2))
     else:
@@ -26,30 +43,62 @@ def _inspect(args) -> None:
 
 
 def _quantize(args) -> None:
-    from .hf_quantize import QuantizePlan, quantize_checkpoint
-
-    plan = QuantizePlan.from_cli(args.default, args.layer, args.keep)
-    out = quantize_checkpoint(
-        args.hf_dir, args.out_dir, plan, overwrite=args.force, jobs=args.jobs, imatrix=args.imatrix
-    )
-    print(quantize_summary(args.hf_dir, plan))
-    print(f"wrote {out}")
-
-
-def quantize_summary(src, plan) -> str:
-    """What quantize did to each module of `src`: quantized, kept byte-exact, decoded and re-quantized."""
+    """Every input checked in the order the command line gives them (HF_DIR, OUT_DIR, --default, --layer, --keep,
+    --imatrix), then what the rules choose (every module's K against its format), before any layer is quantized."""
     from .checkpoint import Checkpoint
+    from .hf_quantize import USES_IMPORTANCE, QuantizePlan, importance_for, quantize_checkpoint
+    from .imatrix import read_imatrix
     from .layer_choice import choose_layers, summary
+    from .validate import check_checkpoint
 
-    return summary(choose_layers(Checkpoint(src), plan))
+    src = _exists(args.hf_dir, "HF_DIR")
+    if not src.is_dir():
+        raise ValueError(f"HF_DIR {src} is not a directory (quantize reads a checkpoint directory; a .gguf file goes "
+                         "through convert-gguf first)")  # fmt: skip
+    _output(args.out_dir, args.force, [src])
+    plan = QuantizePlan.from_cli(args.default, args.layer, args.keep)
+    matrix = read_imatrix(_exists(args.imatrix, "--imatrix")) if args.imatrix else None  # valid, used or not
+    ckpt = Checkpoint(src)
+    check_checkpoint(ckpt)
+    choices = choose_layers(ckpt, plan)
+    plan.check_globs(name.rpartition(".")[0] for name in ckpt.tensor_names())
+    if not any(c.action != "keep" for c in choices.values()):
+        if plan.default is None and not plan.rules:
+            raise ValueError("nothing to quantize: pass --default FMT (every linear layer) or --layer GLOB=FMT "
+                             "(the modules GLOB matches), e.g. --default NVFP4")  # fmt: skip
+        raise ValueError(f"nothing to quantize: every module these options choose stays as {src} stores it "
+                         "(--default applies to floating-point linear layers only; a --layer rule with another "
+                         "format re-quantizes a stored one)")  # fmt: skip
+    chosen = {p: c.target for p, c in choices.items() if c.action != "keep"}
+    if matrix is not None and any(fmt in USES_IMPORTANCE for fmt in chosen.values()):
+        importance_for(matrix, ckpt, chosen, label=args.imatrix)  # an entry of the right width for every IQ2 layer
+    elif matrix is not None:
+        print(f"b12x-formats quantize: note: --imatrix {args.imatrix} is valid but unused: only IQ2 layers use an "
+              "importance matrix, and these options quantize none to IQ2", file=sys.stderr)  # fmt: skip
+    out = quantize_checkpoint(src, args.out_dir, plan, overwrite=args.force, jobs=args.jobs, imatrix=matrix)
+    print(summary(choices))
+    print(f"wrote {out}")
 
 
 def _imatrix(args) -> None:
     from .imatrix import write_imatrix
     from .imatrix_compute import compute_imatrix
 
+    model = _exists(args.model, "MODEL")
+    if (model / "config.json").is_file():  # transformers runs float layers only
+        from .checkpoint import Checkpoint
+
+        stored = Checkpoint(model).quantized_layers()
+        if stored:
+            prefix, fmt = next(iter(stored.items()))
+            raise ValueError(
+                f"MODEL {model} holds {len(stored)} layer{'s' * (len(stored) > 1)} in b12x formats ({prefix}: {fmt}), "
+                "which transformers cannot run; give its .gguf file, or its bf16 twin "
+                "(b12x-formats dequantize MODEL TWIN_DIR)"
+            )
+    _exists(args.text, "--text")
     if Path(args.output).exists() and not args.force:  # before the model runs, not after
-        raise FileExistsError(f"{args.output} exists; pass --force to replace it")
+        raise FileExistsError(f"--output {args.output} exists; pass --force to replace it")
     matrix = compute_imatrix(args.model, args.text, chunk_size=args.chunk)
     print(f"wrote {write_imatrix(args.output, matrix, overwrite=args.force)} ({len(matrix.sums)} entries)")
 
@@ -57,6 +106,7 @@ def _imatrix(args) -> None:
 def _convert_gguf(args) -> None:
     from .gguf_convert import convert_gguf
 
+    _output(args.out_dir, args.force, [_exists(args.gguf_file, "GGUF_FILE")])
     out = convert_gguf(args.gguf_file, args.out_dir, overwrite=args.force)
     print(f"wrote {out}")
 
@@ -64,22 +114,25 @@ def _convert_gguf(args) -> None:
 def _example(args) -> None:
     from .example import write_example
 
+    _output(args.out_dir, args.force, [])
     print(f"wrote {write_example(args.out_dir, overwrite=args.force, arch=args.arch)}")
 
 
 def _dequantize(args) -> None:
     from .hf_quantize import dequantize_checkpoint
 
+    _output(args.out_dir, args.force, [_exists(args.ckpt_dir, "CKPT_DIR")])
     print(f"wrote {dequantize_checkpoint(args.ckpt_dir, args.out_dir, overwrite=args.force)}")
 
 
 def _formats(args) -> None:
-    print(f"{'format':<12} {'group':>5} {'block B':>7} {'bits/w':>7}  activations   layout")
-    for name in formats():
-        s = spec(name)
+    specs = [spec(name) for name in formats()]
+    acts = max(len("activations"), *(len(",".join(s.activations)) for s in specs))
+    print(f"{'format':<12} {'group':>5} {'block B':>7} {'bits/w':>7}  {'activations':<{acts}}  layout")
+    for s in specs:
         print(
             f"{s.name:<12} {s.group_size or '-':>5} {s.block_bytes or '-':>7} {s.bits_per_weight:>7.4g}  "
-            f"{','.join(s.activations):<13} {s.doc}"
+            f"{','.join(s.activations):<{acts}}  {s.doc}"
         )
 
 
@@ -142,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     writes_to(p)
     p.set_defaults(run=_dequantize)
 
-    p = sub.add_parser("example", help="write a tiny random bf16 checkpoint (the demo's input)")
+    p = sub.add_parser("example", help="write a tiny random bf16 checkpoint (Llama or Qwen3-MoE shaped, for tests)")
     writes_to(p)
     p.add_argument("--arch", choices=["llama", "qwen3_moe"], default="llama")
     p.set_defaults(run=_example)

@@ -23,7 +23,7 @@ import numpy as np
 from ._arrays import require_finite, to_float32
 from .api import dequantize, quantize
 from .checkpoint import INDEX_NAME, Checkpoint, quantized_tensors, save_checkpoint
-from .imatrix import module_importance, read_imatrix
+from .imatrix import ImportanceMatrix, module_importance, read_imatrix
 from .layer_choice import choose_layers, owned_tensors
 from .modelopt import QuantizationConfig, is_norm_module
 from .output import check_output
@@ -33,7 +33,7 @@ from .shards import FLOAT_DTYPES
 from .validate import check_checkpoint
 
 # Formats whose quantizer searches with an importance (api.quantize's `importance`); the others ignore one.
-_USES_IMPORTANCE = ("IQ2_XS", "IQ2_XXS")
+USES_IMPORTANCE = ("IQ2_XS", "IQ2_XXS")
 _NOT_BY_DEFAULT = re.compile(r"(^|\.)(embed_tokens|wte|lm_head|gate|router|shared_expert_gate)$")
 
 
@@ -49,25 +49,32 @@ class QuantizePlan:
 
     @classmethod
     def from_cli(cls, default: str | None, layer_rules: list[str], keep: list[str]) -> QuantizePlan:
+        if default:
+            _known(default, f"--default {default}")
         rules = []
         for rule in layer_rules:
             glob, sep, fmt = rule.rpartition("=")
             if not sep or not glob or not fmt:
                 raise ValueError(f"--layer {rule!r}: expected GLOB=FORMAT, e.g. '*.mlp.down_proj=Q8_0'")
-            rules.append((glob, fmt))
+            rules.append((glob, _known(fmt, f"--layer {rule!r}")))
         return cls(default, rules, list(keep))
 
     def format_for(self, prefix: str, shape: tuple[int, ...]) -> str | None:
+        return self.rule_for(prefix, shape)[0]
+
+    def rule_for(self, prefix: str, shape: tuple[int, ...]) -> tuple[str | None, str | None]:
+        """(format, the option that chose it as the command line spells it: "--default FMT" or
+        "--layer 'GLOB=FMT'"), or (None, None) for a module that stays as it is."""
         if len(shape) != 2 or is_norm_module(prefix):
-            return None
+            return None, None
         if any(fnmatch.fnmatchcase(prefix, g) for g in self.keep):
-            return None
+            return None, None
         for glob, fmt in self.rules:
             if fnmatch.fnmatchcase(prefix, glob):
-                return fmt
-        if _NOT_BY_DEFAULT.search(prefix):
-            return None
-        return self.default
+                return fmt, f"--layer '{glob}={fmt}'"
+        if _NOT_BY_DEFAULT.search(prefix) or self.default is None:
+            return None, None
+        return self.default, f"--default {self.default}"
 
     def check_globs(self, modules: Iterable[str]) -> None:
         """Refuse a --layer / --keep glob that matches no module: a typo would otherwise quantize silently."""
@@ -78,6 +85,13 @@ class QuantizePlan:
                 close = difflib.get_close_matches(glob, modules, n=1, cutoff=0.6)
                 hint = f" (closest module: {close[0]!r})" if close else ""
                 raise ValueError(f"{option} matches no module of the checkpoint{hint}")
+
+
+def _known(fmt: str, option: str) -> str:
+    try:
+        return codec_for(fmt).spec.name
+    except ValueError as err:
+        raise ValueError(f"{option}: {err}") from None
 
 
 def side_files(src: Path) -> dict[str, Path]:
@@ -102,13 +116,13 @@ def quantize_checkpoint(
     plan: QuantizePlan,
     overwrite: bool = False,
     jobs: int = 1,
-    imatrix: str | Path | None = None,
+    imatrix: str | Path | ImportanceMatrix | None = None,
 ) -> Path:
     """Read `src` (bf16/fp16/fp32 safetensors, possibly with layers already in b12x formats: layer_choice.py),
     quantize per `plan`, write `out` atomically. `src` is only read.
 
     `jobs` layers are quantized at once in worker processes (the same bytes as one); `imatrix` is a llama.cpp
-    importance matrix file whose entries weight the IQ2 layers' search.
+    importance matrix (a file, or one read_imatrix read) whose entries weight the IQ2 layers' search.
     """
     src, out = Path(src), Path(out)
     check_output(out, [src], overwrite)  # before minutes of work (and again when writing)
@@ -117,7 +131,7 @@ def quantize_checkpoint(
     choices = choose_layers(ckpt, plan)
     plan.check_globs(name.rpartition(".")[0] for name in ckpt.tensor_names())
     if not any(c.action != "keep" for c in choices.values()):
-        raise ValueError(f"{src}: no module matched; nothing to quantize")
+        raise ValueError(f"{src}: nothing to quantize: the plan's default and rules choose no module to change")
     names = ckpt.tensor_names()
     owned = owned_tensors(ckpt.quantized_layers())
 
@@ -125,7 +139,7 @@ def quantize_checkpoint(
         return choices.get(owned.get(name) or name.removesuffix(".weight"))
 
     chosen = {p: c.target for p, c in choices.items() if c.action != "keep"}
-    importance = _importance(imatrix, ckpt, chosen) if imatrix is not None else {}
+    importance = importance_for(imatrix, ckpt, chosen) if imatrix is not None else {}
 
     def work() -> Iterator:  # per tensor: a Work for a worker process, or the tensors to copy as they are
         for name in names:
@@ -167,11 +181,15 @@ def _finite_input(ckpt: Checkpoint, name: str) -> np.ndarray:
     return array
 
 
-def _importance(path: str | Path, ckpt: Checkpoint, chosen: dict[str, str]) -> dict[str, np.ndarray]:
-    """The imatrix entry [K] of every layer whose format uses one (IQ2); an error names any that is missing."""
+def importance_for(imatrix, ckpt: Checkpoint, chosen: dict[str, str], label: str | None = None) -> dict:
+    """The imatrix entry [K] of every layer whose format uses one (IQ2); an error names any that is missing.
+    `imatrix`: a file or an ImportanceMatrix; `label` names it in errors (default: the file)."""
     widths = {p: ckpt.file_of(f"{p}.weight").shape(f"{p}.weight")[-1] for p in chosen}
-    wanted = {p: k for p, k in widths.items() if chosen[p] in _USES_IMPORTANCE}
-    return module_importance(read_imatrix(path), ckpt.config, wanted, str(path)) if wanted else {}
+    wanted = {p: k for p, k in widths.items() if chosen[p] in USES_IMPORTANCE}
+    if not wanted:
+        return {}
+    matrix = imatrix if isinstance(imatrix, ImportanceMatrix) else read_imatrix(imatrix)
+    return module_importance(matrix, ckpt.config, wanted, label or str(imatrix))
 
 
 def dequantize_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:

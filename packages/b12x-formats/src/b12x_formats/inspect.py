@@ -6,6 +6,7 @@ dtype × shape), every quantized layer's tensors and values, and layer shapes ag
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +36,20 @@ class Row:
 
 
 def inspect_path(path: str | Path) -> list[Row]:
+    """The rows of a checkpoint directory or .gguf file, in natural order (layer 2 before layer 10)."""
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
     if path.is_file() and path.suffix == ".gguf":
-        return _inspect_gguf(path)
+        return sorted(_inspect_gguf(path), key=lambda r: natural_key(r.name))
     if path.is_dir():
-        return _inspect_checkpoint(path)
+        return sorted(_inspect_checkpoint(path), key=lambda r: natural_key(r.name))
     raise ValueError(f"{path}: expected a checkpoint directory or a .gguf file")
+
+
+def natural_key(name: str) -> tuple:
+    """Sorts names with their numbers as numbers: model.layers.2 before model.layers.10."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
 def _inspect_checkpoint(path: Path) -> list[Row]:

@@ -55,7 +55,7 @@ def check_output(out_dir: str | os.PathLike, inputs: Iterable[str | os.PathLike]
         raise ValueError(f"OUT_DIR {out} is a symbolic link; refusing to replace it")
     if out.exists():
         if not overwrite:
-            raise FileExistsError(f"{out} exists; pass overwrite=True (CLI: --force) to replace it")
+            raise FileExistsError(f"{out} exists; pass overwrite=True to replace it")
         why = _why_not_replaceable(out)
         if why:
             raise ValueError(f"--force replaces only a checkpoint directory or an empty one, and {out} {why}")

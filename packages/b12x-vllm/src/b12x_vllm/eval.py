@@ -4,9 +4,12 @@ format mix can be chosen by what it costs in quality.
     python -m b12x_vllm.eval MODEL_DIR [--compare MODEL_DIR2] [--text FILE] [--log FILE]
     b12x-eval MODEL_DIR ...                                   (the same, as a console script)
 
-Each checkpoint runs in a vLLM process of its own (engine.py); vLLM's log goes to --log. Without --text the
-paragraph shipped with b12x-vllm (b12x_vllm/data/paragraph.txt) is scored. Perplexity is exp(mean negative
-log-likelihood) of every token after the first; the token count says how many were scored.
+Each checkpoint runs in a vLLM process of its own (engine.py); vLLM's log goes to --log, by default beside
+MODEL_DIR (`MODEL_DIR.vllm.log`), never into the current directory. Without --text the paragraph shipped with
+b12x-vllm (b12x_vllm/data/paragraph.txt) is scored. Perplexity is exp(mean negative log-likelihood) of every token
+after the first; the token count says how many were scored. With --compare, MODEL_DIR is the model being judged and
+MODEL_DIR2 its reference: MODEL_DIR's line carries the ratio of its perplexity over the reference's (×1.10: 10%
+worse), as the demo's does.
 """
 
 from __future__ import annotations
@@ -57,10 +60,10 @@ def run_model(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="b12x-eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("model", type=Path, help="a checkpoint directory vLLM can load")
-    parser.add_argument("--compare", type=Path, metavar="MODEL_DIR2", help="a second checkpoint, scored beside it")
+    parser.add_argument("model", type=Path, metavar="MODEL_DIR", help="a checkpoint directory vLLM can load")
+    parser.add_argument("--compare", type=Path, metavar="MODEL_DIR2", help="its reference, scored beside it")
     parser.add_argument("--text", type=Path, default=PARAGRAPH, help="the text to score (default: %(default)s)")
-    parser.add_argument("--log", type=Path, default=Path("b12x-eval-vllm.log"), help="vLLM's own output")
+    parser.add_argument("--log", type=Path, help="vLLM's own output (default: MODEL_DIR.vllm.log beside MODEL_DIR)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     models = [args.model] + ([args.compare] if args.compare else [])
@@ -68,10 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             print(f"b12x-eval: error: {path} does not exist", file=sys.stderr)
             return 2
+    log = args.log or default_log(args.model)
     results = []
     try:
         for model in models:
-            results.append(run_model(model, args.log, text=args.text, desc=f"vLLM: scoring {model}"))
+            results.append(run_model(model, log, text=args.text, desc=f"vLLM: scoring {model}"))
     except EngineError as err:
         print(f"b12x-eval: error: {err}", file=sys.stderr)
         return 1
@@ -79,16 +83,23 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([{k: r[k] for k in ("model", "perplexity", "tokens", "quantization")} for r in results]))
         return 0
     print(render(results, args.text))
-    print(f"(vLLM's log: {args.log})")
+    print(f"(vLLM's log: {log})")
     return 0
 
 
+def default_log(model: Path) -> Path:
+    """MODEL_DIR.vllm.log beside the checkpoint scored."""
+    model = model.resolve()
+    return model.with_name(f"{model.name}.vllm.log")
+
+
 def render(results: list[dict], text: Path) -> str:
+    """A line per checkpoint; with two, the first (the model judged) carries its perplexity over the second's."""
     width = max(len(r["model"]) for r in results)
     lines = [f"perplexity on {text} ({results[0]['tokens']} tokens scored)",
              f"{'model':<{width}}  {'quantization':<12}  {'tokens':>6}  {'perplexity':>10}"]  # fmt: skip
-    for r in results:
-        ratio = f"  ×{r['perplexity'] / results[0]['perplexity']:.3f}" if r is not results[0] else ""
+    for i, r in enumerate(results):
+        ratio = f"  ×{r['perplexity'] / results[1]['perplexity']:.3f}" if i == 0 and len(results) > 1 else ""
         quant = r["quantization"] or "none"
         lines.append(f"{r['model']:<{width}}  {quant:<12}  {r['tokens']:>6}  {r['perplexity']:>10.3f}{ratio}")
     return "\n".join(lines)
