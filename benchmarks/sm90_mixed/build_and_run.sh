@@ -10,6 +10,8 @@
 #   CUBLAS_DIR (include/ and lib/), else an installed nvidia-cublas wheel.
 # EXTRA_NVCCFLAGS: e.g. -DSM90_MIXED_FP8_SHUFFLE=0 (e4m3 weight not reordered). BUILD_DIR: default a temp dir.
 # JOBS: parallel compiles (default: the core count). RUN_TIMEOUT: seconds for one run of the program (300).
+# BUILD_ONLY=1: compile and link into BUILD_DIR, run nothing; PREBUILT=1: run BUILD_DIR's program without compiling
+#   (build while the GPU does other work, time it when the GPU is idle).
 set -o pipefail
 
 OUT=${1:?usage: build_and_run.sh OUT_DIR [mixed_gemm arguments]}
@@ -75,6 +77,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,clocks.sm,clock
   --format=csv 2>&1 | tee -a "$LOG"
 
 # ---- compile: one process per translation unit, JOBS at a time
+if [ "${PREBUILT:-0}" != 1 ]; then
 FLAGS=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include" "${CUBLAS_INC[@]}" ${EXTRA_NVCCFLAGS:-})
 UNITS=(kernel_fp8_128x128 kernel_fp8_128x256 kernel_int4_128x128 kernel_int4_128x256 reorder mixed_gemm)
@@ -109,6 +112,9 @@ if ! "$NVCC" -gencode=arch=compute_90a,code=sm_90a "${objs[@]}" -o "$BUILD/mixed
   say "link failed (compile.log)"; tail -20 "$OUT/compile.log" | tee -a "$LOG"; exit 1
 fi
 say "built in $(( $(date +%s) - T0 ))s"
+fi
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
+[ -x "$BUILD/mixed_gemm" ] || { say "no program in $BUILD (PREBUILT=1 needs a BUILD_DIR that BUILD_ONLY=1 filled)"; exit 1; }
 
 # ---- run; a kernel that faults the context (or hangs) is named in sm90_mixed.json.fault and left out of a rerun
 JSON=$OUT/sm90_mixed.json
