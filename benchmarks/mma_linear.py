@@ -25,7 +25,7 @@ resident activations toggled (MmaConfig.resident: the split's activations held w
 defaults hold them where configure.holds_resident allows). `--x-quant-ab` times, at one-token tiles, each quantized
 activation mode the format pairs with (FP8: fp8 static; MXFP8, MXFP4: mxfp8; NVFP4: mxfp8, nvfp4) twice: quantized by
 the operand pass before each linear under the bf16 defaults, and by the kernel under the mode's own defaults (rows
-held where configure.holds_resident allows the pair; MmaShard.plan's x_quant).
+held where configure.holds_resident allows the pair; MmaShard.args's x_quant).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main() -> None:
         "--x-quant-ab",
         action="store_true",
         help="one-token tiles: each quantized activation mode by the operand pass + the kernel, and quantized in the "
-        "kernel where it holds them (MmaShard.plan's x_quant)",
+        "kernel where it holds them (MmaShard.args's x_quant)",
     )
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--out", default="mma_linear.json")
@@ -166,7 +166,7 @@ def main() -> None:
         nbytes = sum(shard_bytes(s) for s in one_layer)
         layers = [one_layer] + [[random_shard(fmt, n, k) for _, n, k in shapes] for _ in range(copies_for(nbytes) - 1)]
         # the same weights launched with and without programmatic dependent launch (what B12X_PDL=1 / 0 pack)
-        by_pdl = {flag: [[dataclasses.replace(s, pdl=flag, plans={}) for s in layer] for layer in layers]
+        by_pdl = {flag: [[dataclasses.replace(s, pdl=flag, packed={}) for s in layer] for layer in layers]
                   for flag in (1, 0)}  # fmt: skip
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
@@ -214,8 +214,8 @@ def main() -> None:
             mt = configure.token_tile(m)
             results = []
             for rt in args.rts:
-                slots = geometry.slots(fmt, mt, "cuda", rt)
-                defaults = [configure.default_config(m, s.n, s.chunks, slots, rt=rt, sms=sms,
+                concurrent_ctas = geometry.concurrent_ctas_here(fmt, mt, "cuda", rt)
+                defaults = [configure.default_config(m, s.n, s.chunks, concurrent_ctas, rt=rt, sms=sms,
                                                      share=configure.split_share(fmt, m, s.k), fmt=fmt)
                             for s in one_layer]  # fmt: skip
                 label = f"rt{rt} " + " ".join(config_label(c) for c in defaults)
@@ -225,7 +225,10 @@ def main() -> None:
                 else:
                     results.append((timed(defaults), label, per_linear(defaults) if args.per_linear else None))
                 if args.balance_ab and mt == 1 and rt == 1:  # 128-row CTAs beside the default's balanced heights
-                    alt = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, balance=False) for s in one_layer]
+                    alt = [
+                        configure.default_config(m, s.n, s.chunks, concurrent_ctas, sms=sms, balance=False)
+                        for s in one_layer
+                    ]
                     alabel = "128-row rt1 " + " ".join(config_label(c) for c in alt)
                     results.append((timed(alt), alabel, per_linear(alt) if args.per_linear else None))
                 if args.resident_ab and mt == 1 and rt == 1:  # the same CTAs and splits, resident activations toggled
@@ -235,8 +238,8 @@ def main() -> None:
                 if args.x_quant_ab and mt == 1 and rt == 1:  # each quantized mode: the operand pass, then in-kernel
                     for mode in [mode for mode, formats in geometry.MMA.x_quant_formats.items() if fmt in formats]:
                         # in the kernel: the mode's own defaults (held past one token where holds_resident says so)
-                        held = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, fmt=fmt, act_mode=mode,
-                                                         share=configure.split_share(fmt, m, s.k))
+                        held = [configure.default_config(m, s.n, s.chunks, concurrent_ctas, sms=sms, fmt=fmt,
+                                                         act_mode=mode, share=configure.split_share(fmt, m, s.k))
                                 for s in one_layer]  # fmt: skip
                         for how, configs in (("pass", defaults), ("kernel", held)):
                             linears = per_linear(configs, (mode, how)) if args.per_linear else None
@@ -245,13 +248,13 @@ def main() -> None:
                                 (timed(configs, x_quant=(mode, how)), f"{mode} by the {how} {hlabel}", linears)
                             )
                 if args.occupancy_rule and mt == 1:  # the split rule before STREAMING_CTAS_PER_SM, in the same run
-                    filled = [configure.default_config(m, s.n, s.chunks, slots, rt=rt) for s in one_layer]
+                    filled = [configure.default_config(m, s.n, s.chunks, concurrent_ctas, rt=rt) for s in one_layer]
                     results.append(
                         (timed(filled), f"occupancy rt{rt} " + " ".join(f"{c.mt}/{c.splits}" for c in filled))
                     )
             if args.sweep:  # each linear's best configuration, varied one linear at a time
-                best = [configure.default_config(m, s.n, s.chunks, geometry.slots(fmt, mt, "cuda"), sms=sms,
-                                                 share=configure.split_share(fmt, m, s.k), fmt=fmt)
+                best = [configure.default_config(m, s.n, s.chunks, geometry.concurrent_ctas_here(fmt, mt, "cuda"),
+                                                 sms=sms, share=configure.split_share(fmt, m, s.k), fmt=fmt)
                         for s in one_layer]  # fmt: skip
                 for li, s in enumerate(one_layer):
                     cands = [gemm.MmaConfig(mt, sp, rt) for mt in geometry.TOKEN_TILES if 8 * mt <= max(8, 2 * m)

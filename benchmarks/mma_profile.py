@@ -27,7 +27,7 @@ for case in sys.argv[1:] or CASES:
     if mt == "auto":
         chunks = -(-k // geometry.chunk_k(fmt))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        ctas = geometry.slots(fmt, configure.token_tile(m), "cuda")
+        ctas = geometry.concurrent_ctas_here(fmt, configure.token_tile(m), "cuda")
         config = configure.default_config(m, n, chunks, ctas, sms=sms, share=configure.split_share(fmt, m, k), fmt=fmt)
     else:
         config = gemm.MmaConfig(int(mt), int(splits))

@@ -4,7 +4,7 @@ torch combine), every MoE format × its activation formats, per b12x backend.
     python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,4,16,64,256,1024,4096]
         [--cases MXFP4:bf16,NVFP4:nvfp4,...]
         [--backends auto,triton_moe,tensor_core_moe,tensor_core_moe+held,tensor_core_moe_wgmma]
-        [--emit-table packages/b12x-core/src/b12x_core/crossover.json]
+        [--emit-table packages/b12x-core/src/b12x_core/timings.json]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,
 H=2880, I=2880), dsv3 = DeepSeek-V3-like (E=256, top-8, H=7168, I=2048). Routing: random logits, renormalised
@@ -17,7 +17,7 @@ by scatter-add: no host sync) and combine (index_add in float32) inside the grap
 bandwidth floor counts the bytes of the touched experts' weights (FORMATS.md) against the device copy bandwidth
 measured in the same run; at large T, TFLOP/s counts the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16
 on a [4096, H] × [2I, H] GEMM measured in the same run. `--emit-table` merges the named backends' times into the
-plan's crossover table as MoE entries (op "moe", per format × activation mode × shape class "2IxH"), replacing
+plan's timing table as MoE entries (op "moe", per format × activation mode × shape class "2IxH"), replacing
 entries of the same key, so the plan picks the faster MoE backend per token count.
 """
 
@@ -39,7 +39,7 @@ from decode_linear import copy_bandwidth, device_facts, random_weight, reuse_rep
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import backends, crossover, moe_blocks, plan
+from b12x_core import backends, moe_blocks, plan, timings
 from b12x_core.backends import Overrides, tensor_core_moe
 from b12x_core.moe import MOE_FORMATS
 from b12x_core.tensor_core import configure
@@ -141,12 +141,12 @@ def main() -> None:
     parser.add_argument("--backends", default="auto,tensor_core_moe", help="auto (bc.moe) and/or backend names")
     parser.add_argument("--out", default="moe.json")
     parser.add_argument("--png", default="moe.png")
-    parser.add_argument("--emit-table", default="", help="merge the backends' times into this crossover table")
+    parser.add_argument("--emit-table", default="", help="merge the backends' times into this timing table")
     parser.add_argument("--budget-s", type=float, default=0, help="start no new format after this many seconds")
     parser.add_argument("--from-json", default="", help="no measuring: --emit-table from a saved --out file")
     args = parser.parse_args()
     if args.from_json:
-        crossover.merge(Path(args.emit_table), table(json.loads(Path(args.from_json).read_text())))
+        timings.merge(Path(args.emit_table), table(json.loads(Path(args.from_json).read_text())))
         print(f"MoE entries -> {args.emit_table}")
         return
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
@@ -197,8 +197,8 @@ def main() -> None:
                 for name in names:
                     if name == "auto" and args.emit_table:  # bc.moe's plan then reads this case's new entry
                         case_rows = [r for r in rows if (r["shape"], r["format"], r["act"]) == (shape, fmt, act)]
-                        crossover.merge(Path(args.emit_table), table({**device_facts(), "rows": case_rows}))
-                        crossover.load.cache_clear()
+                        timings.merge(Path(args.emit_table), table({**device_facts(), "rows": case_rows}))
+                        timings.load.cache_clear()
                     try:
                         if name == "auto":
                             preps = [bc.prepare_moe(w13, w2, **kw) for _ in range(2)]
@@ -234,7 +234,7 @@ def main() -> None:
     if args.png:
         plot(rows, args.png)
     if args.emit_table:
-        crossover.merge(Path(args.emit_table), table(saved))
+        timings.merge(Path(args.emit_table), table(saved))
         print(f"MoE entries -> {args.emit_table}")
 
 
@@ -257,14 +257,14 @@ def check(rows: list[dict]) -> bool:
     return not bad
 
 
-def table(saved: dict) -> list[crossover.Entry]:
+def table(saved: dict) -> list[timings.Entry]:
     """Per (format, mode, shape class): each named backend's µs at each T (the mean where measured twice), from
     what save() wrote."""
     rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r["backend"] != "auto" and not r["backend"].endswith((LOOSE, UNFUSED)):
-            key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
+            key = (r["format"], r["mode"], timings.shape_class(r["n"], r["k"]))
             groups[key][r["backend"]][r["t"]].append(r["us"])
     source = f"{saved['device']} {saved['date']}, benchmarks/moe.py"
     entries = []
@@ -272,7 +272,7 @@ def table(saved: dict) -> list[crossover.Entry]:
         ts = sorted({t for times in per_backend.values() for t in times})
         us = {b: [round(float(np.mean(times[t])), 2) if t in times else None for t in ts]
               for b, times in per_backend.items()}  # fmt: skip
-        entries.append(crossover.Entry(tuple(saved["capability"]), fmt, mode, shape, tuple(ts), us, source, op="moe"))
+        entries.append(timings.Entry(tuple(saved["capability"]), fmt, mode, shape, tuple(ts), us, source, op="moe"))
     return entries
 
 

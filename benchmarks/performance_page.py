@@ -132,7 +132,7 @@ METHOD = """## Method
   own copy, so the whole model streams from HBM each step.
 - **MoE cells.** A moe.py run's `auto` rows are the dispatched `bc.moe`; a run that timed the plan's
   candidates alone gives the fastest of them, which is what a plan built from that run's table
-  (`crossover.json`) runs at that token count.
+  (`timings.json`) runs at that token count.
 - **Columns.** M: tokens of a linear call; T: tokens of an MoE call; B: sequences in a decode step, one new
   token each. A letter names the file a cell comes from (listed under each table and at the end); a cell from
   an older file measured the kernels and plans of its day.

@@ -2,12 +2,12 @@
 Llama-3.1-8B's and -70B's four linear shapes, every format × activation mode, over M; the measured table the plan
 picks from comes out of the same run.
 
-    python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table crossover.json]
+    python benchmarks/plan_check.py --out plan_check.json --png plan_check.png [--emit-table timings.json]
     python benchmarks/plan_check.py --formats NVFP4,FP8 --shapes 8b,70b.down --ms 1,16,256 --replays 20
     python benchmarks/plan_check.py --activations "fp8 static,mxfp8,nvfp4" --ms 1,2,4,8  # quantized modes only
-    python benchmarks/plan_check.py --emit-table packages/b12x-core/src/b12x_core/crossover.json  # table + check
-    python benchmarks/plan_check.py --table-only --emit-table crossover.json   # backends alone: the table only
-    python benchmarks/plan_check.py --from-json plan_check.json --emit-table crossover.json  # a saved run's table
+    python benchmarks/plan_check.py --emit-table packages/b12x-core/src/b12x_core/timings.json  # table + check
+    python benchmarks/plan_check.py --table-only --emit-table timings.json   # backends alone: the table only
+    python benchmarks/plan_check.py --from-json plan_check.json --emit-table timings.json  # a saved run's table
     python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
 
 For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
@@ -16,7 +16,7 @@ dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; p
 four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
 check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` merges the
-per-backend times into a crossover table, one entry per shape (a shape class: crossover.py), replacing entries of
+per-backend times into a timing table, one entry per shape (a shape class: timings.py), replacing entries of
 the same key, as each format × mode is measured: given b12x_core's own table, the dispatched op of that pair is
 prepared afterwards, so the run checks the plan its own measurements give. Commit that file.
 """
@@ -38,7 +38,7 @@ from decode_linear import device_facts, reuse_repacks, time_graph
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import backends, crossover, plan
+from b12x_core import backends, plan, timings
 from b12x_core.weights import DeviceWeights, as_shards
 
 MODELS = {  # a decoder layer's four linears (qkv and gate_up fused, as vLLM runs them)
@@ -61,7 +61,7 @@ L2_BYTES = 60 * 1024**2
 
 def falling_behind(ratios: dict[str, float], before: dict[str, float]) -> set[str]:
     """The backends not worth timing at larger M: over PRUNE× the fastest and further behind than at the previous M
-    by more than the noise (the GEMV grows with M; decode + GEMM's fixed cost, flat in M, falls behind the tiles
+    by more than the noise (the GEMV grows with M; dequantize + GEMM's fixed cost, flat in M, falls behind the tiles
     only by noise until it wins: on 12-02 a 0.03% step dropped it for MXFP8 from M = 16, where it is fastest from
     M = 128)."""
     return {b for b, r in ratios.items() if r > PRUNE and b in before and r > before[b] * (1 + NOISE)}
@@ -104,7 +104,7 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 
 def layout_names(cls, able) -> dict[str, str]:
     """Layout -> the table's name for `cls` timed on it: its first layout under its own name, another one (that
-    some other capable backend shares) as "name@layout" (crossover.Entry.time)."""
+    some other capable backend shares) as "name@layout" (timings.Entry.time)."""
     shared = {layout for other in able if other is not cls for layout in other.reads}
     return {layout: cls.name if i == 0 else f"{cls.name}@{layout}" for i, layout in enumerate(cls.reads)
             if i == 0 or layout in shared}  # fmt: skip
@@ -149,8 +149,8 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
     single.clear()
     if args.emit_table:  # the dispatched plan below reads the new entry (when the table is b12x_core's own)
         facts = device_facts(device)
-        crossover.merge(Path(args.emit_table), table(mine, facts["capability"], facts["device"], facts["date"]))
-        crossover.load.cache_clear()
+        timings.merge(Path(args.emit_table), table(mine, facts["capability"], facts["device"], facts["date"]))
+        timings.load.cache_clear()
     dispatched = [bc.prepare_linear(qw, device=device, max_tokens=top, activation=activation)
                   for _ in range(1 if args.table_only else copies)]  # fmt: skip
     layout = dispatched[0].plan.rows[0].backend.weights.shared_layout  # the plan's one copy of the weight
@@ -249,13 +249,13 @@ def check(rows: list[dict]) -> bool:
     return not bad
 
 
-def table(rows: list[dict], capability, device_name: str, day: str) -> list[crossover.Entry]:
+def table(rows: list[dict], capability, device_name: str, day: str) -> list[timings.Entry]:
     """Per (format, mode, shape): each backend's µs at each M (the mean where a shape was measured twice)."""
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if "backends" not in r:
             continue
-        key = (r["format"], r["mode"], crossover.shape_class(r["n"], r["k"]))
+        key = (r["format"], r["mode"], timings.shape_class(r["n"], r["k"]))
         for b, t in r["backends"].items():
             groups[key][b][r["m"]].append(t)
     entries = []
@@ -264,7 +264,7 @@ def table(rows: list[dict], capability, device_name: str, day: str) -> list[cros
         us = {b: [round(statistics.mean(times[m]), 2) if m in times else None for m in ms]
               for b, times in per_backend.items()}  # fmt: skip
         source = f"{device_name} {day}, {shape.replace('x', '×')}, benchmarks/plan_check.py"
-        entries.append(crossover.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source))
+        entries.append(timings.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source))
     return entries
 
 
@@ -300,7 +300,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="plan_check.json")
     parser.add_argument("--png", default="plan_check.png")
-    parser.add_argument("--emit-table", default="", help="write the measured crossover table here")
+    parser.add_argument("--emit-table", default="", help="write the measured timing table here")
     parser.add_argument("--shapes", default="8b,70b", help=f"models ({','.join(MODELS)}) and/or {','.join(SHAPES)}")
     parser.add_argument("--formats", default="", help="subset of the formats (default: all)")
     parser.add_argument("--activations", default="",
@@ -337,7 +337,7 @@ def main() -> int:
         plot(rows, args.png)
     ok = check(rows)
     if args.emit_table and args.from_json:  # a measuring run merged each pair's entry as it went
-        crossover.merge(Path(args.emit_table), table(rows, capability, name, day))
+        timings.merge(Path(args.emit_table), table(rows, capability, name, day))
     if args.emit_table:
         print(f"measured table merged into {args.emit_table}")
     return 0 if ok else 1

@@ -1,5 +1,5 @@
 """A small run of every CUDA path for `compute-sanitizer --tool memcheck python benchmarks/sanitize_decode.py`:
-every linear backend that can run each format × activation mode here, alone (GEMV, Triton tiles, decode + bf16
+every linear backend that can run each format × activation mode here, alone (GEMV, Triton tiles, dequantize + bf16
 GEMM, cuBLASLt fp8 GEMMs; M = 1 .. 300), the fused MoE (every format × activation format, T = 1, 7, 64) and the
 Q8_0 embedding."""
 

@@ -101,9 +101,9 @@ def main() -> None:
         for m in ms:
             xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (4096, 14336)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _, n, _ in LLAMA8B}
-            slots = geometry.slots(fmt, configure.token_tile(m), "cuda")
+            concurrent_ctas = geometry.concurrent_ctas_here(fmt, configure.token_tile(m), "cuda")
             share = {k: configure.split_share(fmt, m, k) for k in xs}  # a K split's partials' cost (the plans' rule)
-            configs = [configure.default_config(m, s.n, s.chunks, slots, sms=sms, share=share[s.k], fmt=fmt)
+            configs = [configure.default_config(m, s.n, s.chunks, concurrent_ctas, sms=sms, share=share[s.k], fmt=fmt)
                        for s in one_layer]  # fmt: skip
 
             def workspaces(cs, m=m, one_layer=one_layer):
@@ -130,8 +130,8 @@ def main() -> None:
             kernel_tiles = wgmma.token_tiles_of(fmt)  # the formats with a per-chunk factor: up to 64 tokens
             tiles = [mt for mt in kernel_tiles if 8 * mt <= max(8, 2 * m) and 16 * mt >= min(m, 128)]
             tiles = tiles or [kernel_tiles[-1]]
-            wslots = {mt: wgmma.slots(fmt, mt, sms, True) for mt in kernel_tiles}
-            wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wslots.get, mt, share[s.k]) for s in one_layer]
+            wgmma_ctas = {mt: wgmma.concurrent_ctas(fmt, mt, sms, True) for mt in kernel_tiles}
+            wconfigs = {mt: [wgmma.default_config(m, s.n, s.chunks, wgmma_ctas.get, mt, share[s.k]) for s in one_layer]
                         for mt in tiles}  # fmt: skip
             wwss = {mt: workspaces(cs) for mt, cs in wconfigs.items()}
             staged = torch.empty(max(wgmma.staged_bytes(fmt, m, k) for k in xs), dtype=torch.uint8, device="cuda")
@@ -165,7 +165,7 @@ def main() -> None:
             wide_check = check_against_mma(wide_configs, wide_wss)
             t_mma = time_graph(mma_layer, len(layers), args.replays)
             label = " ".join(f"{c.mt}/{c.splits}" for c in configs)
-            mma_unweighted = [configure.default_config(m, s.n, s.chunks, slots, sms=sms) for s in one_layer]
+            mma_unweighted = [configure.default_config(m, s.n, s.chunks, concurrent_ctas, sms=sms) for s in one_layer]
             t_mma_unweighted = old_rule_time(mma_unweighted, configs, mma_layer)
             rows.append(dict(m=m, format=fmt, kernel="mma", config=label, us=t_mma, gbs=nbytes / t_mma / 1e3,
                              unweighted_split_us=t_mma_unweighted,
@@ -184,7 +184,7 @@ def main() -> None:
             t_w = per_nt[best]
             wlabel = f"mt={best} " + " ".join(str(c.splits) for c in wconfigs[best])
             # the best tile under the old split rule
-            unweighted = [wgmma.default_config(m, s.n, s.chunks, wslots.get, best) for s in one_layer]
+            unweighted = [wgmma.default_config(m, s.n, s.chunks, wgmma_ctas.get, best) for s in one_layer]
             t_unweighted = old_rule_time(unweighted, wconfigs[best], wgmma_layer)
             rows.append(dict(m=m, format=fmt, kernel="wgmma", config=wlabel, us=t_w, gbs=nbytes / t_w / 1e3,
                              per_nt_us=per_nt, check=check, unweighted_split_us=t_unweighted,

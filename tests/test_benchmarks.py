@@ -24,9 +24,9 @@ def test_plan_check_smoke_writes_rows_and_a_table_the_plan_reads(tmp_path):
     # every timing says when it ended (unix seconds, to join a clock log)
     assert all(set(r["timed_at"]) == {*r.get("backends", ()), "dispatched"} for r in rows)
     assert all(isinstance(t, float) and t > 1e9 for r in rows for t in r["timed_at"].values())
-    from b12x_core import crossover
+    from b12x_core import timings
 
-    entries = crossover.load(tmp_path / "table.json")
+    entries = timings.load(tmp_path / "table.json")
     assert {(e.format, e.act_mode) for e in entries} == {(r["format"], r["mode"]) for r in measured}
     assert all(e.ms == (1, 2, 4) and len(e.us["reference"]) == 3 for e in entries)
 
@@ -46,9 +46,9 @@ def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
         from plan_check import PRUNE, falling_behind
     finally:
         sys.path.pop(0)
-    before = {"gemv": 2.0 * PRUNE, "decode": 1.5 * PRUNE, "tiles": 1.0}
-    now = {"gemv": 4.0 * PRUNE, "decode": 1.5 * PRUNE * 1.001, "tiles": 1.0, "new": 5.0 * PRUNE}
-    # the GEMV grows away; decode's flat fixed cost moves by noise only; a backend first timed now is kept
+    before = {"gemv": 2.0 * PRUNE, "dequant_gemm": 1.5 * PRUNE, "tiles": 1.0}
+    now = {"gemv": 4.0 * PRUNE, "dequant_gemm": 1.5 * PRUNE * 1.001, "tiles": 1.0, "new": 5.0 * PRUNE}
+    # the GEMV grows away; dequant_gemm's flat fixed cost moves by noise only; a backend first timed now is kept
     assert falling_behind(now, before) == {"gemv"}
     assert falling_behind({"gemv": 0.9 * PRUNE}, {"gemv": 0.5 * PRUNE}) == set()  # not far behind yet
 
@@ -85,8 +85,8 @@ def test_clocks_flags_the_timings_the_card_ran_slow(tmp_path):
     t0 = 1_796_000_000.0
     rows = [
         dict(shape="70b.gate_up", format="bf16 F.linear", m=4096, dispatched=5400.0, timed_at={"dispatched": t0 + 2}),
-        dict(shape="70b.gate_up", format="NVFP4", mode="bf16", m=4096, backends={"decode_gemm": 5800.0,
-             "decode_gemm@mma": 6900.0}, timed_at={"decode_gemm": t0 + 4, "decode_gemm@mma": t0 + 6.5,
+        dict(shape="70b.gate_up", format="NVFP4", mode="bf16", m=4096, backends={"dequant_gemm": 5800.0,
+             "dequant_gemm@mma": 6900.0}, timed_at={"dequant_gemm": t0 + 4, "dequant_gemm@mma": t0 + 6.5,
              "dispatched": t0 + 8}, dispatched=6700.0),
     ]  # fmt: skip
     (tmp_path / "rows.json").write_text(json.dumps({"rows": rows}))
@@ -97,8 +97,8 @@ def test_clocks_flags_the_timings_the_card_ran_slow(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     flagged = done.stdout.split("ran below")[1]
-    assert "1 of 4 timings" in done.stdout and "decode_gemm@mma: 1500 MHz, 6900.0 µs" in flagged
-    assert "NVFP4 × bf16 M=4096 decode_gemm " in done.stdout and "decode_gemm:" not in flagged
+    assert "1 of 4 timings" in done.stdout and "dequant_gemm@mma: 1500 MHz, 6900.0 µs" in flagged
+    assert "NVFP4 × bf16 M=4096 dequant_gemm " in done.stdout and "dequant_gemm:" not in flagged
 
 
 def _layer_rows(rng, ms, formats):

@@ -299,7 +299,7 @@ PACKAGE_SOURCES = (".py", ".cu", ".cuh", ".h", ".cpp", ".toml")
 
 def test_package_sources_carry_no_dates():
     """Package sources (code, headers, build files) state why, not when: a date (YYYY-MM-DD) goes stale, and git
-    knows it. Measured data (crossover.json and the like) keeps its provenance."""
+    knows it. Measured data (timings.json and the like) keeps its provenance."""
     files = [
         (name, text)
         for name, text in _tracked_text_files()

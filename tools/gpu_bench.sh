@@ -20,7 +20,7 @@ for arg in "$@"; do
     --bench)
       python3 benchmarks/prefill_linear.py --out "$out/prefill.json" --png "$out/prefill.png" > "$out/prefill.log" 2>&1
       python3 benchmarks/plan_check.py --out "$out/plan_check.json" --png "$out/plan_check.png" \
-        --emit-table "$out/crossover.json" > "$out/plan_check.log" 2>&1
+        --emit-table "$out/timings.json" > "$out/plan_check.log" 2>&1
       python3 benchmarks/prefill_linear.py --tile-configs --out "$out/tiles.json" > "$out/tiles.log" 2>&1
       python3 benchmarks/moe.py --out "$out/moe.json" --png "$out/moe.png" > "$out/moe.log" 2>&1
       echo "benchmarks: $(ls "$out")" ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure on a GPU (tools/gpu_check.sh runs the full GPU suite): the fast GPU tier, then the measured tables the
 # plans choose from and the plan check on them, in one pass per format × mode: each backend alone, its entry merged
-# into b12x_core's own crossover.json, then the dispatched op (the plan that entry gives) timed beside them. MoE:
+# into b12x_core's own timings.json, then the dispatched op (the plan that entry gives) timed beside them. MoE:
 # Qwen3-30B-A3B-, gpt-oss- and DeepSeek-V3-like; linear: Llama-3.1-8B's and 70B's four linears. Every step has a share
 # of the time given (seconds), so the run ends within it; a step cut short keeps what it measured (the table is
 # merged as it goes).
@@ -15,7 +15,7 @@
 # PLAN_ACTIVATIONS only those activation modes (plan_check.py --activations: bf16, "fp8 static", fp8, mxfp8, nvfp4).
 # OUT gets: run.log (everything), times.txt (each test's seconds), clocks.csv (unix s, SM MHz, °C, W once a
 # second; `benchmarks/clocks.py OUT/linear_0.json OUT/clocks.csv` names the timings taken at low clocks), moe.json
-# and linear_<group>.json (raw rows), crossover.json (commit it as packages/b12x-core/src/b12x_core/crossover.json),
+# and linear_<group>.json (raw rows), timings.json (commit it as packages/b12x-core/src/b12x_core/timings.json),
 # rows.md (docs tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ else
   B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}" install_kernels
 fi
 export PYTHONPATH="$PWD/packages/b12x-formats/src:$PWD/packages/b12x-core/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
-table=packages/b12x-core/src/b12x_core/crossover.json
+table=packages/b12x-core/src/b12x_core/timings.json
 cases="${MOE_CASES:-MXFP4:bf16,MXFP4:mxfp8,NVFP4:bf16,NVFP4:nvfp4,NVFP4:mxfp8,IQ2_XS:bf16,IQ2_XXS:bf16,Q8_0:bf16}"
 if [ "$moe_shapes" != "-" ]; then
   moe_budget=$(( $(left) * ${MOE_SHARE:-40} / 100 ))
@@ -71,6 +71,6 @@ for i in "${!groups[@]}"; do
     --out "$out/linear_$i.json" --png "" --emit-table "$table" --budget-s "$budget"
   say "linear $shapes: exit $?"
 done
-cp "$table" "$out/crossover.json"
+cp "$table" "$out/timings.json"
 python3 benchmarks/report.py --linear "$out"/linear_*.json --moe "$out/moe.json" > "$out/rows.md" 2>&1
 say "done"

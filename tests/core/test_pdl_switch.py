@@ -27,5 +27,5 @@ def test_the_switch_is_read_at_prepare_time_into_the_argument_block(rng, monkeyp
     monkeypatch.setenv("B12X_PDL", flag)
     (shard,) = gemm.prepare([qw], "cpu")
     monkeypatch.setenv("B12X_PDL", "0" if flag == "1" else "1")  # later changes do not reach a prepared weight
-    block = interface.MmaPlan.from_buffer_copy(shard.plan(gemm.MmaConfig(1, 1), ldy=32))
+    block = interface.MmaArgs.from_buffer_copy(shard.args(gemm.MmaConfig(1, 1), ldy=32))
     assert block.pdl == int(flag) and block.N == 32 and block.K == 256

@@ -14,7 +14,7 @@ import torch
 
 import b12x_core as bc
 import b12x_formats as bf
-from b12x_core import backends, crossover, plan
+from b12x_core import backends, plan, timings
 from b12x_core.backends import Backend, DeviceInfo, Overrides, Query
 
 H200 = DeviceInfo(torch.device("cuda", 0), (9, 0), sms=132, smem_kb=227)
@@ -95,7 +95,7 @@ def test_measured_ranges_go_to_the_fastest_capable_backend(rng, monkeypatch):
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
     names = [cls.name for cls in backends.for_op("linear")] + ["not_a_backend"]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
-    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "random")
+    entry = timings.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "random")
     q = query("MXFP4", "bf16", H200, max_tokens=2048)
     basis, _, decisions = plan.choose(q, entries=(entry,))
     assert basis.startswith("measured")
@@ -109,7 +109,7 @@ def random_table(rng, fmt="MXFP4"):
     ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
     names = [cls.name for cls in backends.for_op("linear")]
     us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
-    return crossover.Entry((9, 0), fmt, "bf16", "8192x8192", ms, us, "random")
+    return timings.Entry((9, 0), fmt, "bf16", "8192x8192", ms, us, "random")
 
 
 @pytest.mark.parametrize("fmt", ["MXFP4", "FP8", "IQ2_XS"])
@@ -203,7 +203,7 @@ CANNOT = [  # (backend, query, what its reason must say)
     ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", H200, shards=(72, 10168)), r"whole 128-blocks"),
     ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", SM120), r"not verified here"),
     ("block_scaled_mm", query("FP8_BLOCK", "fp8_group128", H200, k=640), r"K/128 a multiple of 4"),
-    ("decode_gemm", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
+    ("dequant_gemm", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
     ("tensor_core", query("FP8", "fp8_token", H200), r"bf16-exact activations"),
     ("tensor_core", query("NVFP4", "bf16", H200, k=12), r"K % 8 == 0, K is 12"),
     ("tensor_core", query("Q8_0", "bf16", CPU), r"needs a CUDA device, the op is on cpu"),
@@ -367,7 +367,7 @@ def test_a_moe_plan_keeps_one_copy_of_the_experts(rng, fmt):
     flip = int(rng.integers(1, len(ts)))  # the tensor-core MoE fastest below ts[flip], the Triton MoE from there
     us = {"tensor_core_moe": tuple(10.0 if i < flip else 30.0 for i in range(len(ts))),
           "triton_moe": tuple(20.0 if i < flip else 15.0 for i in range(len(ts)))}  # fmt: skip
-    entry = crossover.Entry((9, 0), fmt, "bf16", "1536x2048", ts, us, "random", op="moe")
+    entry = timings.Entry((9, 0), fmt, "bf16", "1536x2048", ts, us, "random", op="moe")
     q = moe_query(fmt, H200)
     basis, _, decisions = plan.choose(q, entries=(entry,))
     assert basis.startswith("measured") and "one weight copy" in basis
@@ -383,10 +383,10 @@ def test_a_layer_takes_the_nearest_measured_shape_class():
     """Speed ratios follow a layer's size: a 5120×5120 layer takes the 4096×4096 class, not 8192×8192's, and the
     basis names the class used; a measured shape takes its own class without a stand-in note."""
     ms = (1, 64)
-    small = crossover.Entry((9, 0), "MXFP4", "bf16", "4096x4096", ms,
-                            {"tensor_core": (1.0, 1.0), "cuda_gemv": (2.0, 2.0)}, "s")  # fmt: skip
-    large = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms,
-                            {"tensor_core": (2.0, 2.0), "cuda_gemv": (1.0, 1.0)}, "l")  # fmt: skip
+    small = timings.Entry((9, 0), "MXFP4", "bf16", "4096x4096", ms,
+                          {"tensor_core": (1.0, 1.0), "cuda_gemv": (2.0, 2.0)}, "s")  # fmt: skip
+    large = timings.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms,
+                          {"tensor_core": (2.0, 2.0), "cuda_gemv": (1.0, 1.0)}, "l")  # fmt: skip
     for (n, k), winner, shape in [((5120, 5120), "tensor_core", "4096x4096"), ((14336, 8192), "cuda_gemv", "8192x8192"),
                                   ((8192, 8192), "cuda_gemv", "8192x8192")]:  # fmt: skip
         q = query("MXFP4", "bf16", H200, max_tokens=64, n=n, k=k)
@@ -396,21 +396,21 @@ def test_a_layer_takes_the_nearest_measured_shape_class():
 
 
 def test_a_backend_measured_on_each_layout_is_judged_on_the_layout_the_plan_keeps():
-    """decode + GEMM reads both layouts, at different speeds: the plan must not count its checkpoint-layout time
+    """dequantize + GEMM reads both layouts, at different speeds: the plan must not count its checkpoint-layout time
     for a family that keeps the tensor-core layout."""
     ms = (1, 256)
     us = {"tensor_core": (10.0, 400.0), "cuda_gemv": (30.0, 900.0), "triton_tiles": (40.0, 300.0),
-          "decode_gemm": (200.0, 100.0), "decode_gemm@mma": (200.0, 330.0)}  # fmt: skip
-    entry = crossover.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "layouts")
+          "dequant_gemm": (200.0, 100.0), "dequant_gemm@mma": (200.0, 330.0)}  # fmt: skip
+    entry = timings.Entry((9, 0), "MXFP4", "bf16", "8192x8192", ms, us, "layouts")
     q = query("MXFP4", "bf16", H200, max_tokens=256)
     basis, _, decisions = plan.choose(q, entries=(entry,))
-    # the tensor-core family (decode on its layout): 10 at M=1, 330 at M=256 -> at most 3.3× the fastest (100);
+    # the tensor-core family (dequantize on its layout): 10 at M=1, 330 at M=256 -> at most 3.3× the fastest (100);
     # the checkpoint family: 30 at M=1 (3×), 100 at M=256 -> 3×: it loses least
-    assert [d.backend.name for d in decisions] == ["cuda_gemv", "decode_gemm"], decisions
+    assert [d.backend.name for d in decisions] == ["cuda_gemv", "dequant_gemm"], decisions
     assert "one weight copy (checkpoint layout): at most 3.00×" in basis
     without = dataclasses.replace(entry, us={k: v for k, v in us.items() if "@" not in k})
-    _, _, naive = plan.choose(q, entries=(without,))  # measured on one layout only: decode reads mma as fast
-    assert [d.backend.name for d in naive] == ["tensor_core", "decode_gemm"]
+    _, _, naive = plan.choose(q, entries=(without,))  # measured on one layout only: dequant_gemm reads mma as fast
+    assert [d.backend.name for d in naive] == ["tensor_core", "dequant_gemm"]
 
 
 def _cta_bytes(fmt: str, config: dict, last: int, chunks: int) -> int:

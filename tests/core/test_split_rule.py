@@ -20,21 +20,23 @@ def test_split_share_is_the_partials_bytes_over_the_weights(fmt):
 
 
 def test_a_free_split_fills_the_waves_and_a_costly_one_does_not():
-    tiles, chunks, slots = 224, 32, 264  # gate_up 28672 rows at one token tile: 0.85 of a wave unsplit
+    tiles, chunks, concurrent_ctas = 224, 32, 264  # gate_up 28672 rows at one token tile: 0.85 of a wave unsplit
 
-    def fill(splits):  # the share of the waves' CTA slots that hold work
-        waves = tiles * splits / slots
+    def fill(splits):  # the share of the waves' CTAs that hold work
+        waves = tiles * splits / concurrent_ctas
         return waves / -(-waves // 1)
 
-    free = configure.even_split(tiles, chunks, slots)
+    free = configure.even_split(tiles, chunks, concurrent_ctas)
     assert free > 1 and fill(free) > fill(1)
-    assert configure.even_split(tiles, chunks, slots, share=0.001) == free
+    assert configure.even_split(tiles, chunks, concurrent_ctas, share=0.001) == free
     # one split's partials as large as half the weight (128 tokens of a 4.5-bit 4096-wide linear)
-    assert configure.even_split(tiles, chunks, slots, share=configure.split_share("NVFP4", 128, 4096)) == 1
+    assert configure.even_split(tiles, chunks, concurrent_ctas, share=configure.split_share("NVFP4", 128, 4096)) == 1
 
 
 def test_a_split_still_fills_an_empty_gpu_when_its_partials_are_small():
-    tiles, chunks, slots = 32, 32, 264  # o_proj 4096 rows at 64 tokens: an eighth of a wave unsplit
+    tiles, chunks, concurrent_ctas = 32, 32, 264  # o_proj 4096 rows at 64 tokens: an eighth of a wave unsplit
     share = configure.split_share("NVFP4", 64, 4096)
-    assert configure.even_split(tiles, chunks, slots, share=share) >= 4
-    assert configure.even_split(tiles, chunks, slots, share=share) <= configure.even_split(tiles, chunks, slots)
+    assert configure.even_split(tiles, chunks, concurrent_ctas, share=share) >= 4
+    assert configure.even_split(tiles, chunks, concurrent_ctas, share=share) <= configure.even_split(
+        tiles, chunks, concurrent_ctas
+    )

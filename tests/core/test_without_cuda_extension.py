@@ -45,7 +45,7 @@ def test_triton_paths_run_and_prepare_says_once_what_is_missing(no_extension, ca
     with caplog.at_level(logging.WARNING, logger="b12x_core"):
         _, _, linear = plan.choose(Query("linear", "IQ2_XS", "bf16", "bf16", device, k=256, n=256, max_tokens=64))
         _, _, fused = plan.choose(Query("moe", "MXFP4", "bf16", "bf16", device, max_tokens=64, moe=moe))
-    assert {d.backend.name for d in linear} <= {"triton_tiles", "decode_gemm"}
+    assert {d.backend.name for d in linear} <= {"triton_tiles", "dequant_gemm"}
     assert {d.backend.name for d in fused} == {"triton_moe"}
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 1, lines

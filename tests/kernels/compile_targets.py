@@ -1,7 +1,7 @@
 """Compile the Triton kernels ahead of time for sm_90, sm_120a and sm_121a (no GPU needed) and print each
 kernel's shared memory as JSON: the fused MoE's grouped GEMM at its prefill and split-K decode configurations, the
 split epilogue, the combine, the routing-table kernel and the top-k routing kernel (its libdevice expf runs only
-compiled); the linear tiles, the decode-to-bf16 passes (checkpoint and tensor-core layouts) of every format layout
+compiled); the linear tiles, the dequantize-to-bf16 passes (checkpoint and tensor-core layouts) of every format layout
 and the activation quantizers (sm_90: they read the generated format constants, which only a real compile checks). A script, run in a fresh
 process by test_triton_targets.py: the test session runs Triton in its interpreter, which cannot compile."""
 
@@ -16,7 +16,7 @@ from triton.compiler import ASTSource
 from b12x_core.backends.triton_moe import tile_config
 from b12x_core.backends.triton_tiles import tile_config as linear_tile_config
 from b12x_formats.kernel_facts import LAYOUTS, format_id
-from b12x_kernels import act_quant, mma_decode, moe_route, tiles, topk_route
+from b12x_kernels import act_quant, mma_dequant, moe_route, tiles, topk_route
 
 TARGETS = {90: 228, 120: 99, 121: 99}  # compute capability: KB of shared memory per block
 MOE_SIGNATURE = {"x_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "block_start_ptr": "*i32",
@@ -69,13 +69,13 @@ DEQUANT_SIGNATURE = {"w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_p
 QUANT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "M": "i32", "K": "i32",
                    "static_scale": "fp32", "SCALE_STRIDE_M": "i32", "SCALE_STRIDE_G": "i32"}  # fmt: skip
 MX_SIGNATURE = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "K": "i32", "global_scale": "fp32"}
-MMA_DECODE_SIGNATURE = {"codes_ptr": "*u8", "meta_ptr": "*u8", "meta2_ptr": "*u8", "block_scale_ptr": "*fp32",
-                        "grid_ptr": "*i64", "sign_ptr": "*u8", "fields_ptr": "*i32", "row_factor_ptr": "*fp32",
-                        "out_ptr": "*bf16", "N": "i32", "K": "i32", "CHUNKS": "i32"}  # fmt: skip
+MMA_DEQUANT_SIGNATURE = {"codes_ptr": "*u8", "meta_ptr": "*u8", "meta2_ptr": "*u8", "block_scale_ptr": "*fp32",
+                         "grid_ptr": "*i64", "sign_ptr": "*u8", "fields_ptr": "*i32", "row_factor_ptr": "*fp32",
+                         "out_ptr": "*bf16", "N": "i32", "K": "i32", "CHUNKS": "i32"}  # fmt: skip
 
 
-def mma_decode_constants(name: str) -> tuple[dict, dict]:
-    """(signature, constexprs) of the decode from the tensor-core layout for a format: its chunk and the scale
+def mma_dequant_constants(name: str) -> tuple[dict, dict]:
+    """(signature, constexprs) of the dequantization from the tensor-core layout for a format: its chunk and the scale
     bytes per row and chunk, read off a packed weight (one source: b12x_core.mma_layout)."""
     import numpy as np
 
@@ -87,7 +87,9 @@ def mma_decode_constants(name: str) -> tuple[dict, dict]:
     mw = mma_layout.pack(bf.quantize(np.ones((16, kb), np.float32), name))
     per_row = [0 if a is None else a.size // 16 for a in (mw.meta, mw.meta2)]
     e4m3 = "*fp8e4nv"
-    sig = dict(MMA_DECODE_SIGNATURE, codes_ptr="*i32", meta_ptr=e4m3 if "NVFP4" in name else "*u8")  # as dequantize_mma
+    sig = dict(
+        MMA_DEQUANT_SIGNATURE, codes_ptr="*i32", meta_ptr=e4m3 if "NVFP4" in name else "*u8"
+    )  # as dequantize_mma
     return sig, dict(FMT=format_id(name), KB=kb, META=per_row[0], META2=per_row[1])
 
 
@@ -103,9 +105,9 @@ def linear_kernels(arch: int, smem_kb: int) -> dict:
         const = dict(FMT=format_id(name), BLOCK_N=64, BLOCK_K=tiles.BLOCK_K)
         out[f"dequantize_tiles/{name}/sm_{arch}"] = (compile_for(tiles._dequantize_tiles, DEQUANT_SIGNATURE, const,
                                                                  arch, num_warps=4), smem_kb)  # fmt: skip
-        sig, const = mma_decode_constants(name)
-        rows, cpp, warps = mma_decode.PROGRAM.get(name, mma_decode.DEFAULT_PROGRAM)  # the program it launches
-        out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_decode._dequantize_mma, sig,
+        sig, const = mma_dequant_constants(name)
+        rows, cpp, warps = mma_dequant.PROGRAM.get(name, mma_dequant.DEFAULT_PROGRAM)  # the program it launches
+        out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_dequant._dequantize_mma, sig,
                                                                dict(const, ROWS=rows, CPP=cpp), arch,
                                                                num_warps=warps), smem_kb)  # fmt: skip
     for mode, values in ((2, False), (1, True), (0, True)):  # block sizes as act_quant.quantize_fp8 launches them

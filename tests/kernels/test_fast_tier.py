@@ -65,7 +65,7 @@ def _linear_activation(cls, fmt: str, device: DeviceInfo) -> str | None:
 
 
 def _linear_cases():
-    """(backend, format, activation, layout): a backend that reads more than one copy of the weight (decode +
+    """(backend, format, activation, layout): a backend that reads more than one copy of the weight (dequantize +
     cuBLAS: the checkpoint layout, or the tensor-core layout another backend of the plan holds) runs on each;
     layout None is the backend's own first one."""
     for cls in backends.for_op("linear"):

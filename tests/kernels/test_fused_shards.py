@@ -5,9 +5,9 @@ row, each shard's factor per row (row_scale, alpha 1), bit-identical to one laun
 On CPU: which shard sets merge and which keep a launch per shard; the merged shard holds exactly the shards' bytes
 and each shard's factor (the per-shard launch's alpha) over its rows; a call launches one kernel (mma.sync and
 wgmma forms, kernel entry points replaced by counters) whose argument block covers every row; the merged layout
-decodes, in the numpy model of the kernel's lanes, to the shards' weights bit for bit, and decode + cuBLAS on the
-shared layout (Triton's interpreter) to the checkpoint decode bit for bit. On the GPU (marked gpu), 3 shards with
-their own factors: the merged shard (into an output poisoned with NaN) and the tensor_core backend's call (one
+decodes, in the numpy model of the kernel's lanes, to the shards' weights bit for bit, and dequantize + cuBLAS on the
+shared layout (Triton's interpreter) to the checkpoint dequantization bit for bit. On the GPU (marked gpu), 3 shards
+with their own factors: the merged shard (into an output poisoned with NaN) and the tensor_core backend's call (one
 launch) equal the per-shard launches bit for bit at M ∈ {1, 5, 37}; the same for the wgmma backend on an sm_90 GPU.
 """
 
@@ -24,7 +24,7 @@ import b12x_formats as bf
 import b12x_kernels
 from b12x_core import plan, workspace
 from b12x_core.backends import DeviceInfo, Query
-from b12x_core.backends.cublas import DecodeGemm
+from b12x_core.backends.cublas import DequantGemm
 from b12x_core.backends.tensor_core import TensorCoreGemm
 from b12x_core.backends.tensor_core_wgmma import TensorCoreWgmma
 from b12x_core.tensor_core import gemm, geometry, wgmma
@@ -71,10 +71,10 @@ def counting(monkeypatch, name: str, call_through: bool = False) -> list:
     """Replace b12x_kernels.<name> by a recorder of its calls (and, on a GPU, call the kernel too)."""
     calls, kernel = [], getattr(b12x_kernels, name, None)
 
-    def entry(plan_bytes, *args, **kw):
-        calls.append((plan_bytes, args))
+    def entry(args_bytes, *args, **kw):
+        calls.append((args_bytes, args))
         if call_through:
-            kernel(plan_bytes, *args, **kw)
+            kernel(args_bytes, *args, **kw)
 
     monkeypatch.setattr(b12x_kernels, name, entry, raising=False)
     return calls
@@ -127,7 +127,7 @@ def test_compatible_shards_are_one_shard_with_each_shards_factor_over_its_rows(r
     calls = counting(monkeypatch, "mma_gemm")
     gemm.run(x, [merged], y, None, config, ws, 0)
     assert len(calls) == 1
-    block = interface.MmaPlan.from_buffer_copy(calls[0][0])
+    block = interface.MmaArgs.from_buffer_copy(calls[0][0])
     assert (block.N, block.ldy, block.alpha) == (n, n, np.float32(merged.alpha))
     assert block.row_scale == (0 if merged.row_scale is None else merged.row_scale.data_ptr())
     assert calls[0][1][2] == y.data_ptr()  # the whole output, from column 0
@@ -139,7 +139,7 @@ def test_compatible_shards_are_one_shard_with_each_shards_factor_over_its_rows(r
     wcalls = counting(monkeypatch, "wgmma_gemm")
     wgmma.run(x, [merged], y, None, config, ws, staged, 0)
     assert len(wcalls) == 1
-    assert interface.MmaPlan.from_buffer_copy(wcalls[0][0]).row_scale == block.row_scale
+    assert interface.MmaArgs.from_buffer_copy(wcalls[0][0]).row_scale == block.row_scale
 
 
 @pytest.mark.parametrize(
@@ -204,11 +204,13 @@ def test_merged_layout_decodes_to_its_shards_weights_bit_for_bit(rng, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["FP8", "FP8_BLOCK", "NVFP4", "MXFP4", "Q8_0", "IQ2_XS"])
-def test_decode_gemm_on_a_merged_layout_equals_the_checkpoint_decode(rng, fmt):
-    """decode + cuBLAS reading the shared layout decodes the merged shard (per-row factors from the checkpoint)."""
+def test_dequant_gemm_on_a_merged_layout_equals_the_checkpoint_dequantization(rng, fmt):
+    """dequantize + cuBLAS reading the shared layout dequantizes the merged shard (per-row factors from the checkpoint)."""
     pytest.importorskip("triton")
     if torch.cuda.is_available():
-        pytest.skip("the Triton interpreter runs without a GPU (the GPU tests hold decode + cuBLAS to the reference)")
+        pytest.skip(
+            "the Triton interpreter runs without a GPU (the GPU tests hold dequantize + cuBLAS to the reference)"
+        )
     from b12x_kernels import tiles
 
     parts = fused(rng, fmt, ROWS.get(fmt, DEFAULT_ROWS))
@@ -219,10 +221,10 @@ def test_decode_gemm_on_a_merged_layout_equals_the_checkpoint_decode(rng, fmt):
                                   torch.full((n, k), float("nan"), dtype=torch.bfloat16), grid_table=stacked.grid,
                                   sign_table=stacked.signs)  # fmt: skip
     weights.shared_layout = "mma"
-    backend = DecodeGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
+    backend = DequantGemm(Query("linear", fmt, "bf16", "bf16", DeviceInfo.of(CPU), n=n, k=k), weights)
     assert len(backend.shards) == 1
     got = torch.full((n, k), float("nan"), dtype=torch.bfloat16)
-    backend._decode_mma(got)
+    backend._dequantize_mma(got)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 

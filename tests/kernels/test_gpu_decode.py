@@ -55,16 +55,16 @@ def test_kernel_writes_every_output(rng, fmt):
     x = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
 
-    def plan(max_m):
-        return interface.pack(interface.GemvGgmlPlan, format=format_id(fmt), w=blocks.data_ptr(),
+    def args_for(max_m):
+        return interface.pack(interface.GemvGgmlArgs, format=format_id(fmt), w=blocks.data_ptr(),
                               grid=0 if grid is None else grid.data_ptr(), N=300, K=1024, max_m=max_m, pdl=1)  # fmt: skip
 
     for max_m in (8, 16):  # any bucket that holds the tokens
         y = torch.full((5, 300), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
-        b12x_kernels.gemv_ggml(plan(max_m), x.data_ptr(), 0, y.data_ptr(), 5, stream)
+        b12x_kernels.gemv_ggml(args_for(max_m), x.data_ptr(), 0, y.data_ptr(), 5, stream)
         close(y, bc.linear(x.cpu(), bc.prepare_linear(qw)))
     with pytest.raises(ValueError, match="M must be in 1..max_m=4"):
-        b12x_kernels.gemv_ggml(plan(4), x.data_ptr(), 0, y.data_ptr(), 5, stream)
+        b12x_kernels.gemv_ggml(args_for(4), x.data_ptr(), 0, y.data_ptr(), 5, stream)
 
 
 @pytest.mark.parametrize("fmt", GGML)

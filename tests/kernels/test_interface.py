@@ -1,5 +1,5 @@
 """The kernels' binary interface (b12x_kernels.interface): the committed csrc/interface.h is what the module
-renders now, a plan is packed only with every field named, and the tensor-core geometry the core counts with
+renders now, an argument block is packed only with every field named, and the tensor-core geometry the core counts with
 is the one the header gives the kernel."""
 
 from __future__ import annotations
@@ -33,20 +33,20 @@ def test_every_block_field_is_in_the_header_in_order_with_its_size_asserted():
 
 
 def test_pack_names_every_field_or_refuses():
-    fields = {f: 0 for f, _ in interface.GemvGgmlPlan._fields_}
-    assert len(interface.pack(interface.GemvGgmlPlan, **fields)) == ctypes.sizeof(interface.GemvGgmlPlan)
+    fields = {f: 0 for f, _ in interface.GemvGgmlArgs._fields_}
+    assert len(interface.pack(interface.GemvGgmlArgs, **fields)) == ctypes.sizeof(interface.GemvGgmlArgs)
     with pytest.raises(TypeError, match="missing \\['max_m'\\]"):
-        interface.pack(interface.GemvGgmlPlan, **{k: v for k, v in fields.items() if k != "max_m"})
+        interface.pack(interface.GemvGgmlArgs, **{k: v for k, v in fields.items() if k != "max_m"})
     with pytest.raises(TypeError, match="unknown \\['m'\\]"):
-        interface.pack(interface.GemvGgmlPlan, **fields, m=1)
+        interface.pack(interface.GemvGgmlArgs, **fields, m=1)
 
 
 def test_packed_fields_read_back_as_written():
     """What the kernel's struct reads at each offset is what was packed (pointers as 64-bit addresses)."""
     values = {f: (i + 1) * (0x100000000 if t is ctypes.c_uint64 else 1) for i, (f, t) in
-              enumerate(interface.MmaPlan._fields_)}  # fmt: skip
+              enumerate(interface.MmaArgs._fields_)}  # fmt: skip
     values["alpha"], values["scale_mul"] = 0.5, 2.0
-    back = interface.MmaPlan.from_buffer_copy(interface.pack(interface.MmaPlan, **values))
+    back = interface.MmaArgs.from_buffer_copy(interface.pack(interface.MmaArgs, **values))
     assert {f: getattr(back, f) for f in values} == values
 
 
@@ -82,5 +82,5 @@ def test_each_family_declares_its_facts_once_and_core_reads_them():
     assert layout.FORMATS is mma.formats and geometry.TOKEN_TILES is mma.token_tiles
     assert geometry.CTA_HEIGHTS is mma.cta_heights and geometry.FULL_HEIGHT == interface.TILES_PER_CTA
     assert tensor_core_moe.MODES is mma.grouped_act_modes
-    assert cublas.DecodeGemm.CUDA_PASS_FORMATS is mma.dequantize_formats
+    assert cublas.DequantGemm.CUDA_PASS_FORMATS is mma.dequantize_formats
     assert cuda_gemv.BUCKETS is interface.GEMV_ELEM.token_tiles == interface.GEMV_GGML.token_tiles

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import fake_plans
+import fake_args
 import numpy as np
 import pytest
 import torch
 from closeness import close
-from fake_plans import FAKE
+from fake_args import FAKE
 from graphs import check_moe_replays_with_new_routing
 from mma_emulator import effective_weight
 
@@ -230,7 +230,7 @@ def test_held_rows_only_at_eight_slot_blocks_within_the_measured_bytes(top_k, ex
 def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_faster_at):
     """Unforced (Overrides.holds_rows None), a token count holds its block rows exactly where the MoE table has
     configure.HELD faster than the staged tensor_core_moe at that count; with no entry, nowhere."""
-    from b12x_core import crossover
+    from b12x_core import timings
 
     shape = MoEShape(experts=128, hidden=2048, intermediate=768, top_k=8, activation="silu", w13_order="gate_up",
                      act_mode_2="mxfp8", w2_format="MXFP4")  # fmt: skip
@@ -238,18 +238,18 @@ def test_held_rows_where_the_measured_table_has_them_faster(monkeypatch, held_fa
     ms = (1, 2, 4, 8)
     staged = tuple(50.0 + 10 * m for m in ms)
     held = tuple(t + (-3.0 if m in held_faster_at else 3.0) for m, t in zip(ms, staged, strict=True))
-    entry = crossover.Entry((9, 0), "MXFP4", "mxfp8", crossover.shape_class(1536, 2048), ms,
-                            {"tensor_core_moe": staged, configure.HELD: held}, "test", op="moe")  # fmt: skip
-    monkeypatch.setattr(crossover, "load", lambda *_: (entry,))
+    entry = timings.Entry((9, 0), "MXFP4", "mxfp8", timings.shape_class(1536, 2048), ms,
+                          {"tensor_core_moe": staged, configure.HELD: held}, "test", op="moe")  # fmt: skip
+    monkeypatch.setattr(timings, "load", lambda *_: (entry,))
     for m in ms:
         assert ("held" in TensorCoreMoE.call_config(q, m)) == (m in held_faster_at), m
-    monkeypatch.setattr(crossover, "load", lambda *_: ())
+    monkeypatch.setattr(timings, "load", lambda *_: ())
     assert all("held" not in TensorCoreMoE.call_config(q, m) for m in ms)
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (12, 0), (12, 1)], ids=lambda c: f"sm_{c[0]}{c[1]}")
 def test_an_unmeasured_plan_runs_the_tensor_core_moe_where_the_extension_can(capability):
-    """Unmeasured (no crossover row: an SM12x GPU), the conservative plan runs the tensor-core MoE, which the H200
+    """Unmeasured (no timing row: an SM12x GPU), the conservative plan runs the tensor-core MoE, which the H200
     measured faster than the Triton MoE at every point, and lists the Triton MoE as the runner-up with the reason;
     without the CUDA extension the Triton MoE runs it."""
     from b12x_core import plan
@@ -264,7 +264,7 @@ def test_an_unmeasured_plan_runs_the_tensor_core_moe_where_the_extension_can(cap
 
 
 @pytest.mark.parametrize(
-    "plan,call,why",
+    "fields,call,why",
     [
         (dict(epilogue=7), {}, "unknown epilogue"),
         (dict(epilogue=1, N=24), {}, "silu needs N % 16"),
@@ -308,13 +308,13 @@ def test_an_unmeasured_plan_runs_the_tensor_core_moe_where_the_extension_can(cap
         ("short", {}, "interface.h differ"),
     ],
 )
-def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, why):
+def test_kernel_entry_refuses_what_it_cannot_run_before_launching(fields, call, why):
     """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
     import b12x_kernels
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    packed = b"\0" * 8 if plan == "short" else fake_plans.mma_plan(**{"format": 4, **plan})
+    packed = b"\0" * 8 if fields == "short" else fake_args.mma_args(**{"format": 4, **fields})
     args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, stream=0)
     with pytest.raises(ValueError, match=why):
         b12x_kernels.mma_gemm(packed, **{**args, **call})
@@ -333,12 +333,12 @@ def test_kernel_entry_quantizes_held_activations_only_for_the_pairs_it_has():
         for mode in interface.X_QUANTS[1:]:
             if format_id(fmt) in {format_id(f) for f in geometry.MMA.x_quant_formats[mode]}:
                 continue  # the kernel goes by the format's number: W4A16_NVFP4 runs NVFP4's
-            plan = fake_plans.mma_plan(format=format_id(fmt), meta2=FAKE, block_scale=FAKE, tables=FAKE, K=256,
-                                       chunks=256 // geometry.chunk_k(fmt), resident=1,
-                                       x_quant=interface.X_QUANTS.index(mode), x_quant_scale=1.0)  # fmt: skip
+            packed = fake_args.mma_args(format=format_id(fmt), meta2=FAKE, block_scale=FAKE, tables=FAKE, K=256,
+                                        chunks=256 // geometry.chunk_k(fmt), resident=1,
+                                        x_quant=interface.X_QUANTS.index(mode), x_quant_scale=1.0)  # fmt: skip
             args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, stream=0)
             with pytest.raises(ValueError, match="does not quantize"):
-                b12x_kernels.mma_gemm(plan, **args)
+                b12x_kernels.mma_gemm(packed, **args)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -36,7 +36,7 @@ CASES = [(TensorCoreGemm, "NVFP4"), (TensorCoreGemm, "IQ2_XS"), (TensorCoreWgmma
          (TensorCoreWgmma, "IQ2_XS"), (CudaGemv, "FP8"), (CudaGemv, "Q8_0")]  # fmt: skip
 
 
-def _plans(monkeypatch, backend, weights, pdl: str, max_tokens: int):
+def _args(monkeypatch, backend, weights, pdl: str, max_tokens: int):
     monkeypatch.setenv("B12X_PDL", pdl)  # read when the plan is built (warm-up makes the layouts)
     plans = [linear_alone(backend, qw, "bf16", "cuda", max_tokens)[0] for qw in weights]
     monkeypatch.delenv("B12X_PDL")
@@ -62,8 +62,8 @@ def test_a_dependent_chain_is_bit_identical_with_and_without_pdl(rng, monkeypatc
     ok, why = backend.can_implement(bc.prepare_linear(weights[0], device="cuda", max_tokens=32).plan.query)
     if not ok:
         pytest.skip(f"{backend.name} cannot run here: {why}")
-    plain = _plans(monkeypatch, backend, weights, "0", 32)
-    pdl = _plans(monkeypatch, backend, weights, "1", 32)
+    plain = _args(monkeypatch, backend, weights, "0", 32)
+    pdl = _args(monkeypatch, backend, weights, "1", 32)
     workspace.poison(torch.device("cuda"))
     expect = _chain(plain, x, m)
     workspace.poison(torch.device("cuda"))

@@ -1,4 +1,4 @@
-"""The Triton-backed linear backends (tiles, decode + bf16 GEMM, fp8 _scaled_mm), every format × activation mode,
+"""The Triton-backed linear backends (tiles, dequantize + bf16 GEMM, fp8 _scaled_mm), every format × activation mode,
 against the b12x-core reference.
 
 On the GPU (marked gpu) each backend alone through a plan of that backend only, at M ∈ {5, 17, 64, 300, 2048},
@@ -24,7 +24,7 @@ import b12x_formats as bf
 pytest.importorskip("triton")
 
 from b12x_core import backends, plan, workspace  # noqa: E402
-from b12x_core.backends.cublas import DecodeGemm, ScaledMM  # noqa: E402
+from b12x_core.backends.cublas import DequantGemm, ScaledMM  # noqa: E402
 from b12x_core.backends.triton_tiles import TritonTiles, tile_config  # noqa: E402
 from b12x_core.weights import DeviceWeights, as_shards, stack  # noqa: E402
 
@@ -81,7 +81,7 @@ def test_interpreted_tiles_match_reference(rng, fmt, activation, with_scale):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the compiled kernels")
 @pytest.mark.parametrize("fmt,activation,with_scale", CASES, ids=str)
 def test_interpreted_large_m_paths_match_reference(rng, fmt, activation, with_scale):
-    """Decode + bf16 GEMM (bf16-exact activations, static fp8 included) and fp8 _scaled_mm (FP8 W8A8), wherever
+    """Dequantize + bf16 GEMM (bf16-exact activations, static fp8 included) and fp8 _scaled_mm (FP8 W8A8), wherever
     they can run the pair."""
     k = ODD_K.get(fmt, 512)
     k += (-k) % 16 if fmt == "FP8" else 0  # _scaled_mm's fp8 layouts want K % 16 == 0
@@ -89,8 +89,8 @@ def test_interpreted_large_m_paths_match_reference(rng, fmt, activation, with_sc
     qw = make_weight(rng, fmt, 80, k, with_scale, x)
     bias = torch.from_numpy(rng.standard_normal(80).astype(np.float32)).to(torch.bfloat16)
     mode = bc.prepare_linear(qw, activation=activation).act_mode
-    runs = [b for b in (DecodeGemm, ScaledMM) if mode in {DecodeGemm: ("bf16", "mxfp8", "nvfp4", "fp8_static"),
-                                                          ScaledMM: ("fp8_static", "fp8_token")}[b]]  # fmt: skip
+    runs = [b for b in (DequantGemm, ScaledMM) if mode in {DequantGemm: ("bf16", "mxfp8", "nvfp4", "fp8_static"),
+                                                           ScaledMM: ("fp8_static", "fp8_token")}[b]]  # fmt: skip
     if fmt != "FP8":
         runs = [b for b in runs if b is not ScaledMM]
     if not runs:

@@ -1,7 +1,7 @@
 """The Triton kernels compile ahead of time without a GPU: the fused-MoE kernels for every target b12x ships
 (sm_90, sm_120a, sm_121a), the largest configuration each target picks fitting its shared memory (SM12x parts
 allow 99 KB per block, so a configuration tuned on the H200 must not fail to launch there); the linear tiles,
-decode-to-bf16 pass and activation quantizers for every format layout (they read the generated format constants,
+dequantize-to-bf16 pass and activation quantizers for every format layout (they read the generated format constants,
 which the interpreter does not check)."""
 
 from __future__ import annotations

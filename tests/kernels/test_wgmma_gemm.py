@@ -1,26 +1,26 @@
 """The Hopper form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu; b12x_core.tensor_core.wgmma
 and the tensor_core_wgmma backend).
 
-On CPU: the binding refuses plans and calls it cannot run before any CUDA call; the backend declines what it cannot
-run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; tensor_core_moe_wgmma) is held to the
-mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37, 129, 200}
-under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead warpgroup), K over
-several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the b12x-core reference
-(closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues (silu, relu2) equal
-to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets reset); the
-256-row CTAs (tiles 16, FP4: the plans' FP4 form from wgmma.WIDE_FROM tokens) under the same checks.
+On CPU: the binding refuses argument blocks and calls it cannot run before any CUDA call; the backend declines what it
+cannot run, with the reason. The grouped form (a fused MoE's GEMMs over a block table; tensor_core_moe_wgmma) is held to
+the mma.sync kernel's grouped form. On an sm_90 GPU (marked gpu): every format it runs, random weights, M ∈ {1, 7, 37,
+129, 200} under every token tile, K whole and split, N with a tail (a partial row tile, a partial CTA, a dead
+warpgroup), K over several chunks plus a tail chunk, bias on and off, outputs poisoned with NaN first, against the
+b12x-core reference (closeness.py) and the mma.sync kernel's result over the same repacked weights; the MoE epilogues
+(silu, relu2) equal to the mma.sync kernel's; repeats bit-identical; CUDA graph replay with new inputs (split-K tickets
+reset); the 256-row CTAs (tiles 16, FP4: the plans' FP4 form from wgmma.WIDE_FROM tokens) under the same checks.
 """
 
 from __future__ import annotations
 
 import math
 
-import fake_plans
+import fake_args
 import numpy as np
 import pytest
 import torch
 from closeness import close
-from fake_plans import FAKE
+from fake_args import FAKE
 
 import b12x_core as bc
 import b12x_formats as bf
@@ -37,7 +37,7 @@ MTS = [1, 2, 4, 8, 16]
 
 
 @pytest.mark.parametrize(
-    "plan,call,why",
+    "fields,call,why",
     [
         (dict(format=format_id("FP8_BLOCK"), chunks=2), {}, "FP8_BLOCK needs its block scales"),
         (dict(format=format_id("IQ2_XS")), {}, "IQ2_XS needs its sub-block scales"),
@@ -78,13 +78,13 @@ MTS = [1, 2, 4, 8, 16]
         ("short", {}, "interface.h differ"),
     ],
 )
-def test_kernel_entry_refuses_what_it_cannot_run_before_launching(plan, call, why):
+def test_kernel_entry_refuses_what_it_cannot_run_before_launching(fields, call, why):
     """The extension's checks run before any CUDA call, so they hold on a machine without a GPU too."""
     import b12x_kernels
 
     if b12x_kernels._C is None:
         pytest.skip(b12x_kernels.unavailable_reason())
-    packed = b"\0" * 8 if plan == "short" else fake_plans.mma_plan(**plan)
+    packed = b"\0" * 8 if fields == "short" else fake_args.mma_args(**fields)
     args = dict(x=FAKE, bias=0, y=FAKE, M=1, partials=0, tickets=0, staged=FAKE, stream=0)
     with pytest.raises(ValueError, match=why):
         b12x_kernels.wgmma_gemm(packed, **{**args, **call})
@@ -165,7 +165,7 @@ def _case(rng, fmt, n, k):
 
 
 def _run(x, shards, n, bias, config, epilogue="bf16", wgmma_form=True):
-    """One call of either form on the same shards and plan fields; y poisoned first."""
+    """One call of either form on the same shards and argument block fields; y poisoned first."""
     from b12x_core.tensor_core import gemm, wgmma
 
     m, k = x.shape
@@ -181,13 +181,13 @@ def _run(x, shards, n, bias, config, epilogue="bf16", wgmma_form=True):
     import b12x_kernels
 
     (s,) = shards
-    plan = s.plan(config, cols, epilogue)
+    args = s.args(config, cols, epilogue)
     if wgmma_form:
         staged = torch.empty(wgmma.staged_bytes(s.format, m, k), dtype=torch.uint8, device="cuda")
-        b12x_kernels.wgmma_gemm(plan, x.data_ptr(), 0, y.data_ptr(), m, ws.partials.data_ptr(),
+        b12x_kernels.wgmma_gemm(args, x.data_ptr(), 0, y.data_ptr(), m, ws.partials.data_ptr(),
                                 ws.tickets.data_ptr(), staged.data_ptr(), stream)  # fmt: skip
     else:
-        gemm.launch(plan, x, y, m, ws, stream)
+        gemm.launch(args, x, y, m, ws, stream)
     return y
 
 
@@ -342,17 +342,17 @@ def test_fused_shards_write_their_columns(rng, hopper, merge):
         close(_run(x, shards, 128, None, gemm.MmaConfig(mt, 1)), x.double().cpu() @ w64.T)
 
 
-def _grouped(form, plan, a, y, slots, workspace, table, mt, fmt, k):
+def _grouped(form, args, a, y, slots, workspace, table, mt, fmt, k):
     """One grouped call through either form (the wgmma form with its staging scratch for the table's blocks)."""
     from b12x_core.tensor_core import gemm, wgmma
 
     stream = torch.cuda.current_stream().cuda_stream
     if form == "mma":
-        gemm.launch(plan, a, y, slots, workspace, stream, table=table)
+        gemm.launch(args, a, y, slots, workspace, stream, table=table)
         return
     rows = table[1].shape[1] * 8 * mt
     staged = torch.empty(wgmma.staged_bytes(fmt, rows, k), dtype=torch.uint8, device="cuda")
-    wgmma.launch(plan, a, y, slots, workspace, staged, stream, table=table)
+    wgmma.launch(args, a, y, slots, workspace, staged, stream, table=table)
 
 
 @pytest.mark.gpu
@@ -380,16 +380,16 @@ def test_grouped_form_equals_the_mma_kernels_grouped_form(rng, hopper, fmt):
         """(SiLU activations, down rows summed over the K splits) of one form under 8·mt-token blocks; the down
         GEMM reads `act_in` when given (the reference's activations), else its own."""
         table = block_table(ids, e, 8 * mt)
-        plan13 = moe.w13.shard.plan(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
-        plan2 = moe.w2.shard.plan(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
+        args13 = moe.w13.shard.args(gemm.MmaConfig(mt, s13), inter, "silu", moe.w13.row_scale, top_k)
+        args2 = moe.w2.shard.args(gemm.MmaConfig(mt, s2), 0, "f32", moe.w2.row_scale)
         slabs = min(s2, moe.w2.shard.chunks)  # the plan splits K at most into its chunks: one float32 slab each
         tickets = torch.zeros(table[1].shape[1] * -(-rows13 // 128), dtype=torch.int32, device="cuda")
         partial13 = torch.empty(s13 * slots * rows13, dtype=torch.float32, device="cuda")
         act = torch.full((slots, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _grouped(form, plan13, x, act, slots, gemm.MmaWorkspace(partial13, tickets), table, mt, fmt, h)
+        _grouped(form, args13, x, act, slots, gemm.MmaWorkspace(partial13, tickets), table, mt, fmt, h)
         out = torch.full((slabs, slots, h), float("nan"), dtype=torch.float32, device="cuda")
         down_in = act if act_in is None else act_in
-        _grouped(form, plan2, down_in, None, slots, gemm.MmaWorkspace(out, tickets), table, mt, fmt, inter)
+        _grouped(form, args2, down_in, None, slots, gemm.MmaWorkspace(out, tickets), table, mt, fmt, inter)
         torch.cuda.synchronize()
         assert not tickets.any(), "the split-K tickets are left zero"
         return act, out.sum(0).to(torch.bfloat16)

@@ -18,7 +18,7 @@ from closeness import close
 from graphs import check_moe_replays_with_new_routing
 
 import b12x_core as bc
-from b12x_core import crossover, plan, workspace
+from b12x_core import plan, timings, workspace
 from b12x_core.backends import MoEShape, Query
 from b12x_core.backends.tensor_core_moe import TensorCoreMoE, TensorCoreMoEWgmma
 from b12x_core.plan import memory
@@ -78,13 +78,13 @@ def test_configurations_take_the_block_that_holds_an_experts_slots(fmt, blocks, 
     assert rows[-1][2]["splits"] == (1, 1)  # 4096 tokens fill the GPU many times over
 
 
-def _entry(faster_from: int) -> crossover.Entry:
+def _entry(faster_from: int) -> timings.Entry:
     """A measured MoE table for the Qwen3-like MXFP4 layer in which the wgmma MoE is faster from `faster_from`."""
     ms = (1, 16, 64, 256, 1024, 4096)
     mma = tuple(30.0 * m**0.7 for m in ms)
     wg = tuple(t * (0.8 if m >= faster_from else 1.3) for m, t in zip(ms, mma, strict=True))
     us = {"tensor_core_moe": mma, "triton_moe": tuple(3 * t for t in mma), TensorCoreMoEWgmma.name: wg}
-    return crossover.Entry((9, 0), "MXFP4", "bf16", crossover.shape_class(1536, 2048), ms, us, "test", op="moe")
+    return timings.Entry((9, 0), "MXFP4", "bf16", timings.shape_class(1536, 2048), ms, us, "test", op="moe")
 
 
 def test_a_plan_runs_it_only_where_a_measured_table_has_it_faster():

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <int kFormat>
-cudaError_t launch(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
+cudaError_t launch(const GemvElemArgs& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
                    __nv_bfloat16* y, int M, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), grid((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return with_bucket(p.max_m, [&](auto bucket) {
@@ -128,7 +128,7 @@ cudaError_t launch(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x
 
 }  // namespace
 
-cudaError_t gemv_elem(const GemvElemPlan& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
+cudaError_t gemv_elem(const GemvElemArgs& p, const __nv_bfloat16* x, const float* x_scale, const __nv_bfloat16* bias,
                       __nv_bfloat16* y, int M, cudaStream_t stream) {
   switch (p.format) {
     case FMT_FP8: return launch<FMT_FP8>(p, x, x_scale, bias, y, M, stream);

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <class Codec>
-cudaError_t launch(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
+cudaError_t launch(const GemvGgmlArgs& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
                    int M, cudaStream_t stream) {
   const dim3 block(32 * kWarpsPerBlock), blocks((p.N + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return with_bucket(p.max_m, [&](auto bucket) {
@@ -124,7 +124,7 @@ cudaError_t launch(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfl
 
 }  // namespace
 
-cudaError_t gemv_ggml(const GemvGgmlPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
+cudaError_t gemv_ggml(const GemvGgmlArgs& p, const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y,
                       int M, cudaStream_t stream) {
   switch (p.format) {
     case FMT_Q8_0: return launch<Q8_0>(p, x, bias, y, M, stream);

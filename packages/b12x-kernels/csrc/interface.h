@@ -22,7 +22,7 @@ constexpr int MMA_CHUNK_K_Q8_0 = 64;
 constexpr int MMA_CHUNK_K_IQ2_XXS = 256;
 constexpr int MMA_CHUNK_K_IQ2_XS = 256;
 
-// What the tensor-core GEMM's result becomes (MmaPlan::epilogue).
+// What the tensor-core GEMM's result becomes (MmaArgs::epilogue).
 enum MmaOut : int {
   MMA_OUT_BF16 = 0,
   MMA_OUT_SILU = 1,
@@ -30,7 +30,7 @@ enum MmaOut : int {
   MMA_OUT_F32 = 3,
 };
 
-// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaPlan::x_quant).
+// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaArgs::x_quant).
 enum MmaXQuant : int {
   MMA_XQ_NONE = 0,
   MMA_XQ_FP8_STATIC = 1,
@@ -39,7 +39,7 @@ enum MmaXQuant : int {
 };
 
 // gemv_ggml: y[m, n] = sum_k x[m, k] · W[n, k] (+ bias[n]) over raw GGML blocks, one warp per row.
-struct GemvGgmlPlan {
+struct GemvGgmlArgs {
   int format;                     // FMT_Q8_0, FMT_IQ2_XXS or FMT_IQ2_XS
   const uint8_t* w;               // N rows of K/group raw GGML blocks
   const uint64_t* grid;           // the IQ2 grid as llama.cpp's uint64 entries (null for Q8_0)
@@ -48,10 +48,10 @@ struct GemvGgmlPlan {
   int max_m;                      // the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
 };
-static_assert(sizeof(GemvGgmlPlan) == 40, "GemvGgmlPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(GemvGgmlArgs) == 40, "GemvGgmlArgs: b12x_kernels/interface.py lays it out differently");
 
 // gemv_elem: y[m·ldy + n] = tensor_scale · sum_k (x·x_scale)[m, k] · W[n, k] (+ bias[n]) for element formats.
-struct GemvElemPlan {
+struct GemvElemArgs {
   int format;                     // FMT_FP8, FMT_FP8_BLOCK, FMT_MXFP8, FMT_NVFP4 or FMT_MXFP4
   const uint8_t* w;               // the checkpoint's weight bytes: e4m3 [N, K] or packed e2m1 [N, K/2]
   const uint8_t* scales;          // block scales (FP8_BLOCK fp32 per 128², MX E8M0 per 32, NVFP4 E4M3 per 16)
@@ -63,10 +63,10 @@ struct GemvElemPlan {
   int max_m;                      // the accumulator bucket (1, 2, 4, 8 or 16); a call has M <= max_m
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
 };
-static_assert(sizeof(GemvElemPlan) == 56, "GemvElemPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(GemvElemArgs) == 56, "GemvElemArgs: b12x_kernels/interface.py lays it out differently");
 
 // mma_gemm: v = alpha · row_scale[row] · sum_k x·W over the repacked tile layout (mma_gemm.cuh), then the epilogue.
-struct MmaPlan {
+struct MmaArgs {
   int format;                     // FMT_*
   const uint8_t* codes;           // code tiles (16 rows × one chunk of K, lane order), 16-byte aligned
   const uint8_t* meta;            // per (row, chunk) block-scale bytes, row-blocked; null for FP8 / FP8_BLOCK
@@ -91,6 +91,6 @@ struct MmaPlan {
   int x_quant;                    // mma_gemm, resident: the held rows quantized as an activation mode (MmaXQuant); 0: x
   float x_quant_scale;            // x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)
 };
-static_assert(sizeof(MmaPlan) == 120, "MmaPlan: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(MmaArgs) == 120, "MmaArgs: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

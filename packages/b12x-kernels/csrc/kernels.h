@@ -5,36 +5,36 @@
 #include <cstdint>
 
 #include "format_facts.h"  // format numbers and block facts, generated from b12x_formats
-#include "interface.h"     // the families' plans and the tensor-core geometry, generated from b12x_kernels
+#include "interface.h"     // the families' argument blocks and the tensor-core geometry, generated from b12x_kernels
 
 namespace b12x {
 
-// Each kernel family takes its plan (interface.h, built once at prepare time: shapes, layouts, configuration,
+// Each kernel family takes its argument block (interface.h, built once at prepare time: shapes, layouts, configuration,
 // weight pointers) and per call only the activations, bias, output, token count, workspace and stream. Every
 // entry point returns the launch error (cudaErrorInvalidValue for a format it does not run).
 
-// GEMVs: M <= plan.max_m tokens (b12x_core's plan picks the bucket per token range, so register use follows M
+// GEMVs: M <= args.max_m tokens (b12x_core's plan picks the bucket per token range, so register use follows M
 // without the kernels choosing anything).
-cudaError_t gemv_ggml(const GemvGgmlPlan& plan, const __nv_bfloat16* x, const __nv_bfloat16* bias,
+cudaError_t gemv_ggml(const GemvGgmlArgs& args, const __nv_bfloat16* x, const __nv_bfloat16* bias,
                       __nv_bfloat16* y, int M, cudaStream_t stream);
 // x_scale (nullable): float32 activation scales of quantized activations whose codes x holds as bf16 values
-// (exact: e4m3 codes), plan.x_scale_cols per token.
-cudaError_t gemv_elem(const GemvElemPlan& plan, const __nv_bfloat16* x, const float* x_scale,
+// (exact: e4m3 codes), args.x_scale_cols per token.
+cudaError_t gemv_elem(const GemvElemArgs& args, const __nv_bfloat16* x, const float* x_scale,
                       const __nv_bfloat16* bias, __nv_bfloat16* y, int M, cudaStream_t stream);
 
 // out[t, :] = decoded Q8_0 row ids[t] of a [V, H/Q8_0_GROUP, Q8_0_BYTES] table, bf16.
 cudaError_t embedding_q8_0(const uint8_t* table, const void* ids, bool ids_int64, __nv_bfloat16* out, int T,
                            int V, int H, cudaStream_t stream);
 
-// The tensor-core layout's weight decoded to bf16 (mma_dequantize.cu): out[n * plan.ldy + k] = bf16(W[n, k] ·
-// plan.row_scale[n]) for n < N, k < K: the checkpoint decode's bits, every format. The plan's token tile, splits
-// and epilogue are ignored. mma_dequantize_error: why a plan cannot run (null: it can).
-const char* mma_dequantize_error(const MmaPlan& plan);
-cudaError_t mma_dequantize(const MmaPlan& plan, __nv_bfloat16* out, cudaStream_t stream);
+// The tensor-core layout's weight dequantized to bf16 (mma_dequantize.cu): out[n * args.ldy + k] = bf16(W[n, k] ·
+// args.row_scale[n]) for n < N, k < K: the checkpoint dequantization's bits, every format. The argument block's token
+// tile, splits and epilogue are ignored. mma_dequantize_error: why an argument block cannot run (null: it can).
+const char* mma_dequantize_error(const MmaArgs& args);
+cudaError_t mma_dequantize(const MmaArgs& args, __nv_bfloat16* out, cudaStream_t stream);
 
 // Tensor-core mixed-input GEMM (mma_gemm.cu) over weights in its repacked tile layout (mma_gemm.cuh's header says
 // what each byte holds; the host repacks checkpoint weights into it losslessly at prepare time).
-// The epilogue (MmaPlan::epilogue), per output element v = alpha * row_scale[row] * sum_k x·W:
+// The epilogue (MmaArgs::epilogue), per output element v = alpha * row_scale[row] * sum_k x·W:
 //   MMA_OUT_BF16:  y[m * ldy + n] = bf16(v + bias[n])
 //   MMA_OUT_SILU:  rows interleaved 8 gate / 8 up per 16-row tile: y[m * ldy + 8·tile + i] =
 //                  bf16(silu(gate row i) · up row i) (N/2 columns)
@@ -75,26 +75,26 @@ struct MmaCall {
 // CTAs of the kernel that fit one SM of the current device (0 where it cannot run there; the runtime's error is
 // cleared): the plan sizes K splits by it.
 int mma_blocks_per_sm(int format, int mt, int rt, int tiles);
-// Shared memory a CTA of a resident-activation plan takes for M rows (MmaPlan::resident; at most 227 KB can run).
-int mma_resident_smem_bytes(const MmaPlan& plan, int M);
+// Shared memory a CTA with resident activations takes for M rows (MmaArgs::resident; at most 227 KB can run).
+int mma_resident_smem_bytes(const MmaArgs& args, int M);
 // The dynamic shared memory a CTA of the kernel for (format, token tile 8·mt, `tiles` row tiles) takes: staged
 // activations, or with resident_rows > 0 that many rows held over chunks_per_split chunks (mt 1). 0: no such kernel.
 // A host computation (no device): the plans keep every CTA within the device's per-block limit (99 KB on SM12x).
 int mma_smem_bytes(int format, int mt, int tiles, int resident_rows, int chunks_per_split);
-// Why a plan cannot run (null when it can): checked once per call, before anything launches.
-const char* mma_plan_error(const MmaPlan& plan);
-cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream);
+// Why an argument block cannot run (null when it can): checked once per call, before anything launches.
+const char* mma_args_error(const MmaArgs& args);
+cudaError_t mma_gemm(const MmaArgs& args, const MmaCall& call, cudaStream_t stream);
 
-// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same plan (MmaPlan: mt 1, 2, 4, 8 or 16; rt 1) and
-// call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs with
-// the decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats
+// The Hopper form of the same GEMM (wgmma_gemm.cu, sm_90a): the same argument block (MmaArgs: mt 1, 2, 4, 8 or 16; rt
+// 1) and call (MmaCall; the grouped form with mt 4, 8 or 16), weights, epilogues and split-K reduction; warpgroup MMAs
+// with the decoded weights as the register A operand and the token tile (8·mt tokens) as B from shared memory; formats
 // whose decode needs no per-chunk fp32 scale (FP8, MXFP8, NVFP4, MXFP4, Q8_0). `staged` is scratch of rows × chunks ×
 // the format's chunk K bf16 values (rows = M rounded up to 8, or blocks · 8·mt when grouped): x in the B operand's
 // order, gathered per slot when grouped, written by a small kernel before the GEMM (two launches per call). On other
 // devices (or a build without sm_90a) it returns cudaErrorNoKernelImageForDevice.
-const char* wgmma_plan_error(const MmaPlan& plan);
+const char* wgmma_args_error(const MmaArgs& args);
 int wgmma_blocks_per_sm(int format, int mt);  // 0 on error or off sm_90
-cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
+cudaError_t wgmma_gemm(const MmaArgs& args, const MmaCall& call, uint8_t* staged, cudaStream_t stream);
 
 // SM12x's block-scaled mma.sync (block_scaled_mma.cuh) once per warp for each of `fragments` fragments: the
 // instruction on sm_120a / sm_121a, its emulation elsewhere. `kind` a bsmma::Kind (b12x_kernels.block_scaled_mma

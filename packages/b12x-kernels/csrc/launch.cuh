@@ -3,15 +3,15 @@
 // that kernel's tail. Decode-sized calls are a few microseconds long, so that tail is a large share of them.
 //
 // The contract every kernel launched through launch_kernel(pdl = true) keeps:
-// - Before grid_dependency_wait() it reads only what no kernel writes: its plan and its weights (prepared once). It
-//   writes nothing to global memory and reads no activation, block table, ticket or workspace.
+// - Before grid_dependency_wait() it reads only what no kernel writes: its argument block and its weights (prepared
+//   once). It writes nothing to global memory and reads no activation, block table, ticket or workspace.
 // - Every CTA calls grid_dependency_wait() before it reads or writes anything else, or before it returns: the wait
 //   returns once the previous kernel has finished and its writes are visible, so a kernel's completion implies its
 //   predecessor's, and the chain stays ordered as a plain stream is (bit-identical results, CUDA graphs included).
 // - grid_dependents_launch() lets the next kernel be scheduled once every CTA of this one has called it (or ended);
-//   the kernels call it after their main loop. Called first thing instead, the next kernel's CTAs took SM slots early
-//   and waited there: NVFP4 and FP8 at 1-4 tokens ran 20-25% slower (`benchmarks/mma_linear.py --model 8b --pdl-ab`
-//   on a build with the call moved).
+//   the kernels call it after their main loop. Called first thing instead, the next kernel's CTAs took room on the SMs
+//   early and waited there: NVFP4 and FP8 at 1-4 tokens ran 20-25% slower (`benchmarks/mma_linear.py --model 8b
+//   --pdl-ab` on a build with the call moved).
 // Without PDL (or on a kernel without a programmatic predecessor) both are no-ops.
 #pragma once
 #include <cuda_runtime.h>

@@ -1,16 +1,16 @@
-// The tensor-core layout's weight decoded to bf16 [N, K] (decode + cuBLAS's decode pass): the same decodes as the
-// GEMM (mma_gemm.cuh's formats), one thread per lane of a half tile, so a warp reads 512 contiguous bytes, and stores
-// whole rows of the chunk (through shared memory) with 16-byte stores.
+// The tensor-core layout's weight dequantized to bf16 [N, K] (dequantize + cuBLAS's dequantize pass): the same decodes
+// as the GEMM (mma_gemm.cuh's formats), one thread per lane of a half tile, so a warp reads 512 contiguous bytes, and
+// stores whole rows of the chunk (through shared memory) with 16-byte stores.
 //
-// Why in CUDA: the Triton pass (b12x_kernels.mma_decode) spends about 22 instructions a weight on NVFP4 (its E2M1
+// Why in CUDA: the Triton pass (b12x_kernels.mma_dequant) spends about 22 instructions a weight on NVFP4 (its E2M1
 // field gathers, and a move of the decoded tile through shared memory before the stores), so on the H200 it runs at
 // 60% of the copy bandwidth, instruction-bound; here a lane's 32 E2M1 codes take the GEMM's few shifts and masks a
 // pair and one bf16x2 multiply.
 //
 // Values: out[n·ldy + k] = bf16(W[n, k] · row_scale[n]) (row_scale null: 1), W the weight the GEMM multiplies with
-// alpha's power of two (2^bias / scale_mul) taken back: bit for bit the Triton pass (b12x_kernels.mma_decode) and the
-// checkpoint-layout decode. The decodes give W·2^-e exactly (a bf16 bit pattern times scale·scale_mul, exact by the
-// host's choice of scale_mul), and (W·2^-e)·(row_scale·2^e) is the same real product as W·row_scale, so it rounds
+// alpha's power of two (2^bias / scale_mul) taken back: bit for bit the Triton pass (b12x_kernels.mma_dequant) and the
+// checkpoint-layout dequantization. The decodes give W·2^-e exactly (a bf16 bit pattern times scale·scale_mul, exact by
+// the host's choice of scale_mul), and (W·2^-e)·(row_scale·2^e) is the same real product as W·row_scale, so it rounds
 // to the same float. FP8_BLOCK's fp32 block scale multiplies first, as in the Triton pass (W·bs, then ·row_scale).
 // IQ2 is not the GEMM's decode (which leaves the block's d to the partial sums): iq2_group below.
 #include <cstring>
@@ -45,11 +45,11 @@ __device__ __forceinline__ int swizzled_unit(int q, int t, int g) {
 }
 
 // Group g (8 weights) of an IQ2 lane (64 weights: the GEMM's lane layout, FmtIQ2::decode8's fields) as the
-// checkpoint decode gives it (b12x_kernels.tiles / mma_decode, llama.cpp's order): db = d·(0.5 + s)·0.25 in fp32,
-// each weight bf16(±grid·db), then bf16(that · factor). A group has three magnitudes, so the three results are computed
-// once and the 8 weights picked with the GEMM's selector tables (layout.iq2_tables: a grid word's nibble e is the code
-// 0..2 of 8 / 25 / 43, the sign word adds 4 where negative; round-to-nearest is symmetric, so a negative weight is
-// the positive one with its sign bit set), read through L1.
+// checkpoint dequantization gives it (b12x_kernels.tiles / mma_dequant, llama.cpp's order): db = d·(0.5 + s)·0.25 in
+// fp32, each weight bf16(±grid·db), then bf16(that · factor). A group has three magnitudes, so the three results are
+// computed once and the 8 weights picked with the GEMM's selector tables (layout.iq2_tables: a grid word's nibble e is
+// the code 0..2 of 8 / 25 / 43, the sign word adds 4 where negative; round-to-nearest is symmetric, so a negative
+// weight is the positive one with its sign bit set), read through L1.
 template <class F, int G>
 __device__ __forceinline__ void iq2_group(const uint4& q, const uint8_t* meta2, int t, const uint32_t* tables, float d,
                                           float factor, uint32_t (&a)[4]) {
@@ -68,7 +68,7 @@ __device__ __forceinline__ void iq2_group(const uint4& q, const uint8_t* meta2, 
 }
 
 template <class F>
-__global__ void __launch_bounds__(32 * kWarps) mma_dequantize_kernel(const MmaPlan p, __nv_bfloat16* __restrict__ out) {
+__global__ void __launch_bounds__(32 * kWarps) mma_dequantize_kernel(const MmaArgs p, __nv_bfloat16* __restrict__ out) {
   constexpr int G = F::E / 8, UNITS = F::KB / 8;  // 16-byte units: a lane's, a row's
   __shared__ uint4 staged[kWarps][8 * UNITS];
   const int lane = threadIdx.x & 31, q = lane >> 2, t = lane & 3;  // row q of the half, quarter t of its chunk
@@ -129,13 +129,13 @@ __global__ void __launch_bounds__(32 * kWarps) mma_dequantize_kernel(const MmaPl
 }
 
 template <class F>
-cudaError_t launch(const MmaPlan& p, __nv_bfloat16* out, cudaStream_t stream) {
+cudaError_t launch(const MmaArgs& p, __nv_bfloat16* out, cudaStream_t stream) {
   const dim3 grid((p.N + 16 * (kWarps / 2) - 1) / (16 * (kWarps / 2)), p.chunks);
   return launch_kernel(false, mma_dequantize_kernel<F>, grid, dim3(32 * kWarps), 0, stream, p, out);  // its own status
 }
 }  // namespace
 
-const char* mma_dequantize_error(const MmaPlan& p) {
+const char* mma_dequantize_error(const MmaArgs& p) {
   return with_format(p.format, "mma_dequantize: unknown format", [&](auto f) -> const char* {
     using F = decltype(f);
     if (p.N < 1 || p.K < 8 || p.K % 8) return "mma_dequantize: need N >= 1 and K % 8 == 0";
@@ -158,7 +158,7 @@ const char* mma_dequantize_error(const MmaPlan& p) {
   });
 }
 
-cudaError_t mma_dequantize(const MmaPlan& p, __nv_bfloat16* out, cudaStream_t stream) {
+cudaError_t mma_dequantize(const MmaArgs& p, __nv_bfloat16* out, cudaStream_t stream) {
   if (mma_dequantize_error(p) || !out) return cudaErrorInvalidValue;
   return with_format(p.format, cudaErrorInvalidValue, [&](auto f) { return launch<decltype(f)>(p, out, stream); });
 }

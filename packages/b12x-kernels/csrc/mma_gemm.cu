@@ -31,13 +31,13 @@ int mma_smem_bytes(int format, int mt, int tiles, int resident_rows, int chunks_
   });
 }
 
-int mma_resident_smem_bytes(const MmaPlan& plan, int M) {
-  const int chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
-  return with_format(plan.format, 0,
-                     [&](auto f) { return resident_smem_bytes<decltype(f)>(M, chunks_per_split, plan.tiles); });
+int mma_resident_smem_bytes(const MmaArgs& args, int M) {
+  const int chunks_per_split = (args.chunks + args.splits - 1) / args.splits;
+  return with_format(args.format, 0,
+                     [&](auto f) { return resident_smem_bytes<decltype(f)>(M, chunks_per_split, args.tiles); });
 }
 
-const char* mma_plan_error(const MmaPlan& p) {
+const char* mma_args_error(const MmaArgs& p) {
   const int ck = with_format(p.format, 0, [](auto f) { return decltype(f)::KB; });
   if (!ck) return "mma_gemm: unknown format";
   if (p.N < 1 || p.K < 8 || p.K % 8) return "mma_gemm: need N >= 1 and K % 8 == 0";
@@ -64,20 +64,20 @@ const char* mma_plan_error(const MmaPlan& p) {
   return nullptr;
 }
 
-cudaError_t mma_gemm(const MmaPlan& plan, const MmaCall& call, cudaStream_t stream) {
+cudaError_t mma_gemm(const MmaArgs& args, const MmaCall& call, cudaStream_t stream) {
   MmaParams p{};
-  static_cast<MmaPlan&>(p) = plan;
+  static_cast<MmaArgs&>(p) = args;
   static_cast<MmaCall&>(p) = call;
-  p.n16 = (plan.N + 15) / 16;
-  p.chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  p.n16 = (args.N + 15) / 16;
+  p.chunks_per_split = (args.chunks + args.splits - 1) / args.splits;
   if (call.order) {
     p.block_expert = call.table;
     p.block_start = call.table + call.blocks;
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
-  const int nblocks = (p.n16 + plan.tiles - 1) / plan.tiles;  // `tiles` row tiles (16·tiles rows) per CTA
-  return with_format(plan.format, cudaErrorInvalidValue, [&](auto f) {
-    return launch_cfg<decltype(f)>(plan.mt, plan.rt, plan.tiles, p, nblocks, stream);
+  const int nblocks = (p.n16 + args.tiles - 1) / args.tiles;  // `tiles` row tiles (16·tiles rows) per CTA
+  return with_format(args.format, cudaErrorInvalidValue, [&](auto f) {
+    return launch_cfg<decltype(f)>(args.mt, args.rt, args.tiles, p, nblocks, stream);
   });
 }
 

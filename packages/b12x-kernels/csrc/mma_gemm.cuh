@@ -2,7 +2,7 @@
 // Tensor-core mixed-input GEMM (Marlin class) for every b12x weight format with bf16-valued activations:
 //   y[m, n] = alpha * sum_k x[m, k] * W[n, k] (+ bias[n])
 //
-// Why this shape (the GEMV and decode-to-bf16 paths it replaces could not beat bf16 above one token):
+// Why this shape (the GEMV and dequantize-to-bf16 paths it replaces could not beat bf16 above one token):
 // - Weights are the MMA's A operand (m16 = 16 weight rows), tokens its B operand (n8 = 8 tokens), so a
 //   decode-sized call pads tokens to 8, not to 16, and every weight byte is read once per token tile.
 // - The weight is repacked at prepare time (by the host, losslessly) into 1 KB tiles: 16 rows × one
@@ -37,7 +37,7 @@ namespace mma {
 
 constexpr int kWarps = MMA_TILES_PER_CTA;  // row tiles (of 16) per CTA: 128 rows, 8 / RT warps
 // Row tiles per CTA, TILES: kWarps for every configuration, and 6 or 7 (6 or 7 warps) for the one-token tile of one
-// row tile a warp (MmaPlan::tiles). At one token a CTA streams its weights for the whole call and one wave holds every
+// row tile a warp (MmaArgs::tiles). At one token a CTA streams its weights for the whole call and one wave holds every
 // CTA: 224 CTAs of 128 rows (Llama-3.1-8B's gate_up) give 92 of 132 SMs two CTAs and 40 one, and the time is the
 // busy SMs'; 112-row CTAs (256) give nearly every SM two (configure.balanced_config picks the height).
 constexpr int kStages = 4;  // per-warp shared-memory ring of weight chunks: kStages - 1 in flight
@@ -51,7 +51,7 @@ constexpr int kReplicaShift =  // log2 of a word's replicas in bytes
 static_assert(kReplicaShift > 0, "IQ2 table replicas: 4, 8, 16 or 32 (a word index's byte offset is a shift)");
 
 // The kernel's parameters: the host's arguments plus what it derives from them once.
-struct MmaParams : MmaPlan, MmaCall {
+struct MmaParams : MmaArgs, MmaCall {
   int n16;                  // 16-row tiles per expert (the whole weight when not grouped)
   int chunks_per_split;     // K chunks each split walks
   const int* block_expert;  // grouped: the block table's rows (MmaCall::table)
@@ -136,7 +136,7 @@ __device__ __forceinline__ uint32_t e4m3_pair_lo(uint32_t w) {
 __device__ __forceinline__ uint32_t e4m3_pair_hi(uint32_t w) {
   return ((w >> 4) & 0x07F007F0u) | (w & 0x80008000u);
 }
-// Activations quantized where the resident kernel holds them (MmaPlan::x_quant, MmaXQuant), by the rules of
+// Activations quantized where the resident kernel holds them (MmaArgs::x_quant, MmaXQuant), by the rules of
 // b12x_kernels.act_quant, whose separate pass (a launch before the GEMM) this replaces: the same float32 operations
 // in the same order, each correctly rounded (no contraction: __fmul_rn / __fdiv_rn), so the same bf16 values.
 __device__ __forceinline__ float round_e4m3(float v) {  // nearest E4M3, ties to even, saturating at ±448
@@ -452,7 +452,7 @@ constexpr int min_blocks() {
   constexpr int fit = kSmemPerSm / (smem_bytes<F, MT, TILES>() + 1024);
   return fit >= 4 ? 4 : fit > kMinBlocksFloor ? fit : kMinBlocksFloor;
 }
-// Resident activations (MmaPlan::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
+// Resident activations (MmaArgs::resident; plans set it at one token, for FP8 and MXFP8 up to 8 tokens): a one-token
 // tile's live rows (at most 8: dense, its tokens; grouped, its block's slots, at most min(M, 8) since M counts the
 // slots) over the whole K range of its split, loaded once with the first weights, so the
 // main loop has no CTA barrier a stage (the stage barrier was the one-token kernel's hottest stall in Nsight
@@ -471,7 +471,7 @@ __host__ __device__ constexpr int resident_smem_bytes(int M, int chunks_per_spli
   return table_words<F>() * 4 + resident_x_bytes<F>(M, chunks_per_split) + tiles * kStages * slot_bytes<F>();
 }
 
-// The activation modes a format's resident kernel quantizes its held rows to (MmaPlan::x_quant): those its plans pair
+// The activation modes a format's resident kernel quantizes its held rows to (MmaArgs::x_quant): those its plans pair
 // it with (fp8 static: FP8; mxfp8: MXFP8, MXFP4, NVFP4; nvfp4: NVFP4). Each is a kernel instance of its own.
 template <class F>
 constexpr bool x_quantizes(int xq) {
@@ -675,9 +675,9 @@ struct WeightStream {
 };
 
 // The epilogue of one warp's accumulators acc[r][j][e] (row tile tile_base + r, token group j; e as mma.sync's C:
-// c0,c1 row q, tile columns 2t, 2t+1; c2,c3 row q+8): the plan's output (MmaOut), through the split-K reduction
-// when K is split (each split writes fp32 partials; the last CTA of an output tile, by an atomic ticket, sums them
-// in split order — deterministic — and resets the ticket). Every thread of the CTA calls it (it has barriers).
+// c0,c1 row q, tile columns 2t, 2t+1; c2,c3 row q+8): the argument block's output (MmaOut), through the split-K
+// reduction when K is split (each split writes fp32 partials; the last CTA of an output tile, by an atomic ticket, sums
+// them in split order — deterministic — and resets the ticket). Every thread of the CTA calls it (it has barriers).
 template <int RT, int MT>
 __device__ __forceinline__ void store_tile(const MmaParams& p, float (&acc)[RT][MT][4], int tile_base, int expert,
                                            int split, int mtile, int nblk, const int* dst_row) {
@@ -1027,8 +1027,9 @@ cudaError_t launch(const MmaParams& p, int mtiles, int nblocks, cudaStream_t str
   return launch_kernel(p.pdl, kernel, dim3(mtiles, p.splits, nblocks), dim3(32 * TILES / RT), bytes, stream, p);
 }
 
-// fn(integral_constant MT, RT, TILES) for a plan's (mt, rt, tiles): every token tile and row tiling at kWarps row
-// tiles a CTA, and the one-token tile of one row tile a warp at 6 or 7 (mma_plan_error names the combinations).
+// fn(integral_constant MT, RT, TILES) for an argument block's (mt, rt, tiles): every token tile and row tiling at
+// kWarps row tiles a CTA, and the one-token tile of one row tile a warp at 6 or 7 (mma_args_error names the
+// combinations).
 template <class R, class Fn>
 R with_kernel(int mt, int rt, int tiles, R fallback, Fn&& fn) {
   using std::integral_constant;
@@ -1054,7 +1055,7 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
   const int mtiles = p.grouped() ? p.blocks : (p.M + 8 * mt - 1) / (8 * mt);  // grouped: a CTA a table block
   return with_kernel(mt, rt, tiles, cudaErrorInvalidValue, [&](auto MT, auto RT, auto TL) {
     constexpr int mt_ = decltype(MT)::value, rt_ = decltype(RT)::value, tl_ = decltype(TL)::value;
-    if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_plan_error: only here), dense or grouped
+    if constexpr (mt_ == 1 && rt_ == 1) {  // resident activations (mma_args_error: only here), dense or grouped
       if (p.resident) {  // the activation modes this format's plans pair it with, quantized where held (x_quantizes)
         auto held = [&](auto XQ) {
           return launch<F, 1, 1, tl_, true, decltype(XQ)::value>(p, mtiles, nblocks, stream);
@@ -1069,7 +1070,7 @@ cudaError_t launch_cfg(int mt, int rt, int tiles, const MmaParams& p, int nblock
         if constexpr (x_quantizes<F>(MMA_XQ_NVFP4)) {
           if (p.x_quant == MMA_XQ_NVFP4) return held(integral_constant<int, MMA_XQ_NVFP4>{});
         }
-        if (p.x_quant != MMA_XQ_NONE) return cudaErrorInvalidValue;  // mma_plan_error refuses it first
+        if (p.x_quant != MMA_XQ_NONE) return cudaErrorInvalidValue;  // mma_args_error refuses it first
         return held(integral_constant<int, MMA_XQ_NONE>{});
       }
     }
@@ -1092,7 +1093,7 @@ int blocks_per_sm_cfg(int mt, int rt, int tiles) {  // 0 where it cannot run her
   PREFIX template int blocks_per_sm_cfg<F>(int, int, int);
 
 // fn(F{}) for the decode functor F of a format number (FMT_*), or `fallback` for an unknown number: the one map
-// from format numbers to functors (the GEMM's host entry points and the decode pass use it).
+// from format numbers to functors (the GEMM's host entry points and the dequantize pass use it).
 template <class R, class Fn>
 R with_format(int format, R fallback, Fn&& fn) {
   switch (format) {

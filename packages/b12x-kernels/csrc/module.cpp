@@ -30,18 +30,19 @@ T* ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-// A plan's bytes (b12x_kernels.interface.pack) as its struct; the size guards against a stale interface.
-template <class Plan>
-Plan plan_of(const py::bytes& bytes, const char* what) {
+// An argument block's bytes (b12x_kernels.interface.pack) as its struct; the size guards against a stale interface.
+template <class Args>
+Args args_of(const py::bytes& bytes, const char* what) {
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(bytes.ptr(), &data, &size) != 0) throw py::error_already_set();
-  if (size_t(size) != sizeof(Plan))
-    throw std::invalid_argument(std::string(what) + ": a plan of " + std::to_string(size) + " bytes, the kernels' is " +
-                                std::to_string(sizeof(Plan)) + " (b12x_kernels.interface and csrc/interface.h differ)");
-  Plan plan;
-  std::memcpy(&plan, data, sizeof(Plan));
-  return plan;
+  if (size_t(size) != sizeof(Args))
+    throw std::invalid_argument(std::string(what) + ": an argument block of " + std::to_string(size) +
+                                " bytes, the kernels' is " + std::to_string(sizeof(Args)) +
+                                " (b12x_kernels.interface and csrc/interface.h differ)");
+  Args args;
+  std::memcpy(&args, data, sizeof(Args));
+  return args;
 }
 
 cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -63,12 +64,12 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("compiled_archs", [] { return std::string(B12X_ARCHS_STRING); });
 
-  // One binding per family: the plan's bytes, then what changes per call.
+  // One binding per family: the argument block's bytes, then what changes per call.
   m.def(
       "gemv_ggml",
-      [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
          std::uintptr_t stream) {
-        const auto p = plan_of<b12x::GemvGgmlPlan>(plan_bytes, "gemv_ggml");
+        const auto p = args_of<b12x::GemvGgmlArgs>(args_bytes, "gemv_ggml");
         check_tokens("gemv_ggml", M, p.max_m);
         int group = 0;
         switch (p.format) {
@@ -84,13 +85,13 @@ PYBIND11_MODULE(_C, m) {
                               M, stream_of(stream)),
               "gemv_ggml launch");
       },
-      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("stream"));
+      py::arg("args"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("stream"));
 
   m.def(
       "gemv_elem",
-      [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t x_scale, std::uintptr_t bias, std::uintptr_t y,
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t x_scale, std::uintptr_t bias, std::uintptr_t y,
          int M, std::uintptr_t stream) {
-        const auto p = plan_of<b12x::GemvElemPlan>(plan_bytes, "gemv_elem");
+        const auto p = args_of<b12x::GemvElemArgs>(args_bytes, "gemv_elem");
         check_tokens("gemv_elem", M, p.max_m);
         if (p.K % 8) throw std::invalid_argument("gemv_elem: K must be a multiple of 8");
         if (!p.w || !x || !y || (p.format != b12x::FMT_FP8 && !p.scales))
@@ -102,7 +103,7 @@ PYBIND11_MODULE(_C, m) {
                               ptr<__nv_bfloat16>(y), M, stream_of(stream)),
               "gemv_elem launch");
       },
-      py::arg("plan"), py::arg("x"), py::arg("x_scale"), py::arg("bias"), py::arg("y"), py::arg("M"),
+      py::arg("args"), py::arg("x"), py::arg("x_scale"), py::arg("bias"), py::arg("y"), py::arg("M"),
       py::arg("stream"));
 
   m.def("mma_blocks_per_sm", &b12x::mma_blocks_per_sm, py::arg("format"), py::arg("mt"), py::arg("rt"),
@@ -112,11 +113,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "mma_gemm",
-      [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
          std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t stream, std::uintptr_t order,
          std::uintptr_t table, int blocks, std::uintptr_t ids, int experts, std::uintptr_t combine_w, int combine_k) {
-        const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "mma_gemm");
-        if (const char* error = b12x::mma_plan_error(p)) throw std::invalid_argument(error);
+        const auto p = args_of<b12x::MmaArgs>(args_bytes, "mma_gemm");
+        if (const char* error = b12x::mma_args_error(p)) throw std::invalid_argument(error);
         const bool f32 = p.epilogue == b12x::MMA_OUT_F32;
         if (M < 1) throw std::invalid_argument("mma_gemm: need M >= 1");
         if ((p.splits > 1 || f32) && !partials) throw std::invalid_argument("mma_gemm: split K or f32 needs partials");
@@ -142,20 +143,20 @@ PYBIND11_MODULE(_C, m) {
                            blocks, ptr<const int>(ids), experts, ptr<const float>(combine_w), combine_k};
         check(b12x::mma_gemm(p, call, stream_of(stream)), "mma_gemm launch");
       },
-      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
+      py::arg("args"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
       py::arg("tickets"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0, py::arg("blocks") = 0,
       py::arg("ids") = 0, py::arg("experts") = 0, py::arg("combine_w") = 0, py::arg("combine_k") = 0);
 
-  // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same plan and call as mma_gemm, plus the
-  // scratch its activation staging writes (kernels.h says its size; b12x_core.tensor_core.wgmma.staged_bytes).
+  // The Hopper form of the tensor-core GEMM (csrc/wgmma_gemm.cu): the same argument block and call as mma_gemm, plus
+  // the scratch its activation staging writes (kernels.h says its size; b12x_core.tensor_core.wgmma.staged_bytes).
   m.def("wgmma_blocks_per_sm", &b12x::wgmma_blocks_per_sm, py::arg("format"), py::arg("mt"));
   m.def(
       "wgmma_gemm",
-      [](const py::bytes& plan_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t bias, std::uintptr_t y, int M,
          std::uintptr_t partials, std::uintptr_t tickets, std::uintptr_t staged, std::uintptr_t stream,
          std::uintptr_t order, std::uintptr_t table, int blocks) {
-        const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "wgmma_gemm");
-        if (const char* error = b12x::wgmma_plan_error(p)) throw std::invalid_argument(error);
+        const auto p = args_of<b12x::MmaArgs>(args_bytes, "wgmma_gemm");
+        if (const char* error = b12x::wgmma_args_error(p)) throw std::invalid_argument(error);
         const bool f32 = p.epilogue == b12x::MMA_OUT_F32;
         if (M < 1) throw std::invalid_argument("wgmma_gemm: need M >= 1");
         if ((p.splits > 1 || f32) && !partials) throw std::invalid_argument("wgmma_gemm: split K or f32 needs partials");
@@ -176,19 +177,19 @@ PYBIND11_MODULE(_C, m) {
                            blocks, nullptr, 0, nullptr, 0};  // routed in the kernel and the combine: mma_gemm's
         check(b12x::wgmma_gemm(p, call, ptr<uint8_t>(staged), stream_of(stream)), "wgmma_gemm launch");
       },
-      py::arg("plan"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
+      py::arg("args"), py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("partials"),
       py::arg("tickets"), py::arg("staged"), py::arg("stream"), py::arg("order") = 0, py::arg("table") = 0,
       py::arg("blocks") = 0);
 
   m.def(
       "mma_dequantize",
-      [](const py::bytes& plan_bytes, std::uintptr_t out, std::uintptr_t stream) {
-        const auto p = plan_of<b12x::MmaPlan>(plan_bytes, "mma_dequantize");
+      [](const py::bytes& args_bytes, std::uintptr_t out, std::uintptr_t stream) {
+        const auto p = args_of<b12x::MmaArgs>(args_bytes, "mma_dequantize");
         if (const char* error = b12x::mma_dequantize_error(p)) throw std::invalid_argument(error);
         if (!out || out % 16) throw std::invalid_argument("mma_dequantize: null or misaligned out (16 bytes)");
         check(b12x::mma_dequantize(p, ptr<__nv_bfloat16>(out), stream_of(stream)), "mma_dequantize launch");
       },
-      py::arg("plan"), py::arg("out"), py::arg("stream"));
+      py::arg("args"), py::arg("out"), py::arg("stream"));
 
   // SM12x's block-scaled mma.sync (csrc/block_scaled_mma.cuh) once per warp for each of `fragments` fragments of
   // lane registers (kernels.h says the layout): the instruction on sm_120a / sm_121a, its emulation elsewhere.

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) form of the tensor-core mixed-input GEMM: warpgroup MMAs (wgmma) over the same weight bytes and the
-// same argument block (MmaPlan) as mma_gemm.cuh — its 1 KB lane-ordered tiles, decode functors, per-warp weight copies,
+// same argument block (MmaArgs) as mma_gemm.cuh — its 1 KB lane-ordered tiles, decode functors, per-warp weight copies,
 // epilogues and split-K reduction are shared, not copied. What differs is the inner product and the activations:
 //
 //   wgmma.mma_async.sync.aligned.m64n{8·MT}k16.f32.bf16.bf16  d, {a0..a3}, desc_b, 1, 1, 1, 0
@@ -38,7 +38,7 @@ namespace wgmma {
 
 static_assert(kWarps == 8, "two warpgroups of four warps");
 // Warps (row tiles of 16) a CTA: kWarps (128 rows, two warpgroups), or kWideWarps (256 rows, four warpgroups;
-// MmaPlan::tiles 16, FP4 at 64- and 128-token tiles: the plans' FP4 form from wgmma.WIDE_FROM tokens). Why the wide
+// MmaArgs::tiles 16, FP4 at 64- and 128-token tiles: the plans' FP4 form from wgmma.WIDE_FROM tokens). Why the wide
 // form: Nsight Compute on the 128-row form (tools/kernel_profile.sh's ncu_wgmma step, benchmarks/wgmma_profile.py)
 // found the tensor pipe busy about half the time at 64-1024 tokens against cuBLAS's 91-95% on the same wgmma count,
 // with two warps a scheduler at 128-token tiles (32% issue active): too few warps to hide the decode's latencies. Four warpgroups give four, and each chunk of x feeds twice the rows;
@@ -427,7 +427,7 @@ R with_config(int format, int mt, R fallback, Fn&& fn) {
   return with_wgmma_format(format, fallback, tiles);
 }
 
-// fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles of the 256-row form (MmaPlan::tiles 16:
+// fn(F{}, std::integral_constant<int, MT>{}) for the formats and token tiles of the 256-row form (MmaArgs::tiles 16:
 // FP4, whose 128-wide chunks amortize a CTA's copies and barriers best, at the token tiles that run one CTA an SM),
 // `fallback` for others.
 template <class R, class Fn>
@@ -461,7 +461,7 @@ bool on_sm90(int device) {
 
 }  // namespace wgmma
 
-const char* wgmma_plan_error(const MmaPlan& p) {
+const char* wgmma_args_error(const MmaArgs& p) {
   using namespace wgmma;
   const int ck = with_config(p.format, 1, 0, [](auto f, auto) { return decltype(f)::KB; });
   if (!ck) return "wgmma_gemm: format must be FP8, FP8_BLOCK, MXFP8, NVFP4, MXFP4, Q8_0, IQ2_XS or IQ2_XXS";
@@ -496,28 +496,28 @@ int wgmma_blocks_per_sm(int format, int mt) {
   return with_config(format, mt, 0, [](auto f, auto m) { return blocks_per_sm<decltype(f), decltype(m)::value>(); });
 }
 
-cudaError_t wgmma_gemm(const MmaPlan& plan, const MmaCall& call, uint8_t* staged, cudaStream_t stream) {
+cudaError_t wgmma_gemm(const MmaArgs& args, const MmaCall& call, uint8_t* staged, cudaStream_t stream) {
   using namespace wgmma;
-  if (wgmma_plan_error(plan) || call.M < 1 || !call.x || !staged) return cudaErrorInvalidValue;
+  if (wgmma_args_error(args) || call.M < 1 || !call.x || !staged) return cudaErrorInvalidValue;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (!on_sm90(device)) return cudaErrorNoKernelImageForDevice;  // sm_90a code runs on 9.0 only
   MmaParams p{};
-  static_cast<MmaPlan&>(p) = plan;
+  static_cast<MmaArgs&>(p) = args;
   static_cast<MmaCall&>(p) = call;
-  p.n16 = (plan.N + 15) / 16;
-  p.chunks_per_split = (plan.chunks + plan.splits - 1) / plan.splits;
+  p.n16 = (args.N + 15) / 16;
+  p.chunks_per_split = (args.chunks + args.splits - 1) / args.splits;
   if (call.order) {
     p.block_expert = call.table;
     p.block_start = call.table + call.blocks;
     p.block_rows = call.table + 2 * size_t(call.blocks);
   }
-  if (plan.tiles == kWideWarps)
-    return with_wide_config(plan.format, plan.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
+  if (args.tiles == kWideWarps)
+    return with_wide_config(args.format, args.mt, cudaErrorInvalidValue, [&](auto f, auto m) {
       return launch<decltype(f), decltype(m)::value, kWideWarps>(p, staged, stream);
     });
-  return with_config(plan.format, plan.mt, cudaErrorInvalidValue,
+  return with_config(args.format, args.mt, cudaErrorInvalidValue,
                      [&](auto f, auto m) { return launch<decltype(f), decltype(m)::value>(p, staged, stream); });
 }
 

@@ -5,7 +5,7 @@ checks), so what core asks of the device code is listed here.
 - The CUDA extension's bindings (`mma_gemm`, `gemv_elem`, ...): looked up on b12x_kernels at each call, so an
   install without the extension imports (each binding then raises, naming the missing build) and tests may replace a
   binding on b12x_kernels itself.
-- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_decode`): imported on first use
+- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_dequant`): imported on first use
   (`kernels.tiles`, or `from b12x_core.kernels import tiles` inside a function), so b12x_core imports where Triton
   does not.
 """
@@ -21,7 +21,7 @@ __all__ = ["TRITON_MODULES", "built", "embedding_q8_0", "gemv_elem", "gemv_ggml"
            "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "unavailable_reason",
            "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
-TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_decode")
+TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
 
 
 def __getattr__(name: str):
@@ -49,24 +49,24 @@ def unavailable_reason() -> str:
 
 # -------------------------------------------------------------------------------- the CUDA extension's bindings
 # Arguments as b12x_kernels/__init__.py lists them: the family's packed argument block, then what changes per call.
-def gemv_ggml(plan: bytes, *per_call, **kwargs) -> None:
-    b12x_kernels.gemv_ggml(plan, *per_call, **kwargs)
+def gemv_ggml(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.gemv_ggml(args, *per_call, **kwargs)
 
 
-def gemv_elem(plan: bytes, *per_call, **kwargs) -> None:
-    b12x_kernels.gemv_elem(plan, *per_call, **kwargs)
+def gemv_elem(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.gemv_elem(args, *per_call, **kwargs)
 
 
-def mma_gemm(plan: bytes, *per_call, **kwargs) -> None:
-    b12x_kernels.mma_gemm(plan, *per_call, **kwargs)
+def mma_gemm(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.mma_gemm(args, *per_call, **kwargs)
 
 
-def mma_dequantize(plan: bytes, *per_call, **kwargs) -> None:
-    b12x_kernels.mma_dequantize(plan, *per_call, **kwargs)
+def mma_dequantize(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.mma_dequantize(args, *per_call, **kwargs)
 
 
-def wgmma_gemm(plan: bytes, *per_call, **kwargs) -> None:
-    b12x_kernels.wgmma_gemm(plan, *per_call, **kwargs)
+def wgmma_gemm(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.wgmma_gemm(args, *per_call, **kwargs)
 
 
 def embedding_q8_0(*args) -> None:

@@ -2,12 +2,12 @@
 
 A model whose `lm_head` is tied to `embed_tokens` reads one [V, H] matrix twice: as rows (the embedding) and
 as a [N=V, K=H] linear (the head). `prepare_tied_linear` builds the head's plan over a `DeviceWeights` whose
-stacked checkpoint bytes (what the GEMV, the Triton tiles and decode + GEMM read) are the embedding's own
+stacked checkpoint bytes (what the GEMV, the Triton tiles and dequantize + GEMM read) are the embedding's own
 tensor, so the device keeps one copy of the quantized weight. The query says so (`shares_bytes`): backends that
 would make their own layout of the weight (the tensor-core GEMM's repack) decline, and explain says why. The swap
 happens only after checking that the bytes are identical, so a layout change in `weights.stack` shows up as an
 error here instead of a head computing with the wrong matrix. On CPU the head runs the exact reference over its
-float32 decode, as every reference linear does.
+float32 dequantization, as every reference linear does.
 """
 
 from __future__ import annotations

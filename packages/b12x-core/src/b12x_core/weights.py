@@ -198,7 +198,7 @@ class DeviceWeights:
     """The device layouts of one prepared op's weight, each made on first use and then shared.
 
     `shared_layout`: set by the plan before its backends are prepared. "mma" when a chosen backend holds the
-    tensor-core GEMM's repacked layout; backends that can read it (decode + cuBLAS) then do, so the weight
+    tensor-core GEMM's repacked layout; backends that can read it (dequantize + cuBLAS) then do, so the weight
     is on the device once."""
 
     def __init__(self, shards: list[bf.QuantizedWeight], act_mode: str, input_scale: float | None, device):

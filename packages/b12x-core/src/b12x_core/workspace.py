@@ -2,7 +2,7 @@
 
 - scratch: a call's temporaries (quantized activations, MoE slot tables and intermediates, split-K partials),
   carved into views by each call;
-- the bf16 weight workspace: where the decode + dense GEMM backend decodes a weight before its GEMM, as large as
+- the bf16 weight workspace: where the dequantize + dense GEMM backend dequantizes a weight before its GEMM, as large as
   the largest layer that uses it;
 - tickets: int32 counters that split-K kernels take and reset (zero at rest), as many as the largest grid needs.
 
@@ -138,7 +138,7 @@ def weights(device: torch.device, n: int, k: int) -> torch.Tensor:
     buf = _ensure(device, "weights")
     if buf is None or buf.numel() < n * k:
         raise UnsupportedError(f"b12x bf16 weight workspace on {device} is smaller than [{n}, {k}]: it is sized by "
-                               "prepare_linear for the layers that decode into it")  # fmt: skip
+                               "prepare_linear for the layers that dequantize into it")  # fmt: skip
     return buf[: n * k].view(n, k)
 
 

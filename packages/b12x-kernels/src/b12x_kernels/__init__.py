@@ -61,18 +61,18 @@ def _needs_build(name: str):
     return call
 
 
-# One binding per kernel family (csrc/module.cpp): the family's plan (interface.pack, built once at prepare time),
-# then only what changes per call. Pointers are device addresses (0: none), stream a CUDA stream handle.
-#   gemv_ggml(plan: GemvGgmlPlan, x, bias, y, m, stream)
-#   gemv_elem(plan: GemvElemPlan, x, x_scale, bias, y, m, stream)     x_scale: float32 [m, plan.x_scale_cols] or 0
-#   mma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, stream, order=0, table=0, blocks=0)
+# One binding per kernel family (csrc/module.cpp): the family's argument block (interface.pack, built once at prepare
+# time), then only what changes per call. Pointers are device addresses (0: none), stream a CUDA stream handle.
+#   gemv_ggml(args: GemvGgmlArgs, x, bias, y, m, stream)
+#   gemv_elem(args: GemvElemArgs, x, x_scale, bias, y, m, stream)     x_scale: float32 [m, args.x_scale_cols] or 0
+#   mma_gemm(args: MmaArgs, x, bias, y, m, partials, tickets, stream, order=0, table=0, blocks=0)
 #       grouped (fused MoE) when `order` is set: the expert-sorted block table (csrc/kernels.h MmaCall)
-#   wgmma_gemm(plan: MmaPlan, x, bias, y, m, partials, tickets, staged, stream)   the Hopper (sm_90a) form of
+#   wgmma_gemm(args: MmaArgs, x, bias, y, m, partials, tickets, staged, stream)   the Hopper (sm_90a) form of
 #       mma_gemm; staged: scratch for x in the MMA's operand order (csrc/kernels.h says its size)
 #   embedding_q8_0(table, ids, ids_int64, out, t, v, h, stream)
-#   mma_dequantize(plan: MmaPlan, out, stream)   the weight of mma_gemm's plan decoded to bf16:
-#       out[n * plan.ldy + k] = W[n, k] · plan.row_scale[n] (every format; the bits of the Triton pass, mma_decode,
-#       and of the checkpoint decode)
+#   mma_dequantize(args: MmaArgs, out, stream)   the weight of mma_gemm's argument block dequantized to bf16:
+#       out[n * args.ldy + k] = W[n, k] · args.row_scale[n] (every format; the bits of the Triton pass, mma_dequant,
+#       and of the checkpoint dequantization)
 #   mma_blocks_per_sm(format_id, mt, rt, tiles=8): CTAs of the tensor-core GEMM one SM of the current device holds
 #   mma_smem_bytes(format_id, mt, tiles=8, resident_rows=0, chunks_per_split=0): the dynamic shared memory one CTA of
 #       that kernel takes (held rows where resident_rows > 0; 0: no such kernel), computed on the host

@@ -1,9 +1,9 @@
-"""The binary interface of the CUDA kernel families, in one place: each family's argument block (its "plan",
+"""The binary interface of the CUDA kernel families, in one place: each family's argument block ("args",
 built once at prepare time: shapes, layouts, configuration, weight pointers) and the tensor-core GEMM's geometry.
 
-In the manner of jaxlib's opaque descriptors: b12x_core packs a plan once (`pack`), and a call passes only the
-plan's bytes, the activations, the output, the token count, the workspace and the stream. The C++ side never
-lists these fields by hand: `csrc/interface.h` is rendered from this module (committed, so the CUDA build needs
+In the manner of jaxlib's opaque descriptors: b12x_core packs an argument block once (`pack`), and a call passes only
+the argument block's bytes, the activations, the output, the token count, the workspace and the stream. The C++ side
+never lists these fields by hand: `csrc/interface.h` is rendered from this module (committed, so the CUDA build needs
 no Python step; tests/kernels/test_interface.py fails when it is stale):
 
     python -m b12x_kernels.interface --write      # regenerate csrc/interface.h in a checkout
@@ -45,7 +45,7 @@ WGMMA_FACTOR_TOKEN_TILES = (1, 2, 4, 8)
 # and of the factor formats these (whose factor comes with each expert's rows) at their token tiles from 4.
 WGMMA_GROUPED_TOKEN_TILES = (4, 8, 16)
 WGMMA_GROUPED_FACTOR_FORMATS = ("IQ2_XS", "IQ2_XXS")
-# wgmma_gemm's 256-row CTAs (MmaPlan::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles
+# wgmma_gemm's 256-row CTAs (MmaArgs::tiles = WGMMA_WIDE_TILES, rt 1, dense): these formats at these token tiles
 # (the plans' FP4 form from wgmma.WIDE_FROM tokens).
 WGMMA_WIDE_TILES = 16
 WGMMA_WIDE_FORMATS = ("NVFP4", "MXFP4")
@@ -82,8 +82,8 @@ def _block(name: str, doc: str, fields: list[tuple[str, str, str]]) -> type[ctyp
     return type(name, (ctypes.Structure,), {"_fields_": members, "__doc__": doc, "c_fields": fields})
 
 
-GemvGgmlPlan = _block(
-    "GemvGgmlPlan",
+GemvGgmlArgs = _block(
+    "GemvGgmlArgs",
     "gemv_ggml: y[m, n] = sum_k x[m, k] · W[n, k] (+ bias[n]) over raw GGML blocks, one warp per row.",
     [
         ("format", "int", "FMT_Q8_0, FMT_IQ2_XXS or FMT_IQ2_XS"),
@@ -96,8 +96,8 @@ GemvGgmlPlan = _block(
     ],
 )
 
-GemvElemPlan = _block(
-    "GemvElemPlan",
+GemvElemArgs = _block(
+    "GemvElemArgs",
     "gemv_elem: y[m·ldy + n] = tensor_scale · sum_k (x·x_scale)[m, k] · W[n, k] (+ bias[n]) for element formats.",
     [
         ("format", "int", "FMT_FP8, FMT_FP8_BLOCK, FMT_MXFP8, FMT_NVFP4 or FMT_MXFP4"),
@@ -113,8 +113,8 @@ GemvElemPlan = _block(
     ],
 )
 
-MmaPlan = _block(
-    "MmaPlan",
+MmaArgs = _block(
+    "MmaArgs",
     "mma_gemm: v = alpha · row_scale[row] · sum_k x·W over the repacked tile layout (mma_gemm.cuh), then the epilogue.",
     [
         ("format", "int", "FMT_*"),
@@ -143,7 +143,7 @@ MmaPlan = _block(
     ],
 )
 
-BLOCKS = (GemvGgmlPlan, GemvElemPlan, MmaPlan)
+BLOCKS = (GemvGgmlArgs, GemvElemArgs, MmaArgs)
 
 
 # ------------------------------------------------------------------------------------ the families' capabilities
@@ -171,11 +171,11 @@ class MmaFamily(Family):
     row_tiles_per_warp: tuple[int, ...]  # rt: row tiles of 16 each warp's MMAs cover
     cta_heights: tuple[int, ...]  # row tiles a CTA, tallest first: 8, or 7 / 6 at one-token tiles of rt 1
     grouped_act_modes: tuple[str, ...]  # activation modes of the grouped form (the MoE's act formats)
-    # Per activation mode, the weight formats whose resident kernel quantizes the held rows itself (MmaPlan::x_quant,
+    # Per activation mode, the weight formats whose resident kernel quantizes the held rows itself (MmaArgs::x_quant,
     # csrc/mma_gemm.cuh x_quantizes); the extension refuses other pairs.
     x_quant_formats: dict[str, frozenset[str]] = field(default_factory=dict)
-    # Formats whose mma_dequantize (the weight of a plan decoded to bf16) is held to the checkpoint decode on a GPU
-    # (tests/kernels/test_mma_decode.py); W4A16_NVFP4 stores NVFP4's bytes. IQ2's decode is written but not listed.
+    # Formats whose mma_dequantize (the weight of a plan decoded to bf16) is held to the checkpoint dequantization on a
+    # GPU (tests/kernels/test_mma_dequant.py); W4A16_NVFP4 stores NVFP4's bytes. IQ2's decode is written but not listed.
     dequantize_formats: tuple[str, ...] = ()
     route_max_slots: int = 0  # the grouped form routed in the kernel (MmaCall::ids): at most this many slots
     route_max_experts: int = 0  # and this many experts
@@ -183,15 +183,15 @@ class MmaFamily(Family):
 
 # The GEMVs: one warp per output row, every weight byte read once a launch. token_tiles: the accumulator buckets
 # (max_m); a call of more tokens runs consecutive launches of the largest.
-GEMV_GGML = Family(name="gemv_ggml", args=GemvGgmlPlan, formats=GGML, act_modes=("bf16",), token_tiles=GEMV_BUCKETS)
+GEMV_GGML = Family(name="gemv_ggml", args=GemvGgmlArgs, formats=GGML, act_modes=("bf16",), token_tiles=GEMV_BUCKETS)
 # bf16-exact operands (mxfp8, nvfp4 with input_scale in the row factor) and the fp8 modes as e4m3 values with their
-# per-token or per-128-column scales applied inside the kernel (GemvElemPlan::x_scale_cols).
-GEMV_ELEM = Family(name="gemv_elem", args=GemvElemPlan, formats=ELEMENT, token_tiles=GEMV_BUCKETS,
+# per-token or per-128-column scales applied inside the kernel (GemvElemArgs::x_scale_cols).
+GEMV_ELEM = Family(name="gemv_elem", args=GemvElemArgs, formats=ELEMENT, token_tiles=GEMV_BUCKETS,
                    act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static", "fp8_token", "fp8_group128"))  # fmt: skip
 # Every format of the repacked layout; activations whose operand bf16 holds exactly (static fp8 and nvfp4 with their
 # per-tensor scale in the row factors); per-token fp8 scales need the GEMV or cuBLASLt.
 MMA = MmaFamily(
-    name="mma_gemm", args=MmaPlan, formats=tuple(FORMAT_IDS), act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"),
+    name="mma_gemm", args=MmaArgs, formats=tuple(FORMAT_IDS), act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"),
     token_tiles=TOKEN_TILES, row_tiles_per_warp=ROW_TILES_PER_WARP, cta_heights=(TILES_PER_CTA, 7, 6),
     grouped_act_modes=("bf16", "mxfp8", "nvfp4"),
     x_quant_formats={"fp8_static": frozenset({"FP8"}), "mxfp8": frozenset({"MXFP8", "MXFP4", "NVFP4"}),
@@ -225,10 +225,10 @@ def header() -> str:
         lines.append(f"constexpr int MMA_{name} = {globals()[name]};")
     for fmt in LAYOUTS:
         lines.append(f"constexpr int MMA_CHUNK_K_{fmt} = {chunk_k(fmt)};")
-    lines += ["", "// What the tensor-core GEMM's result becomes (MmaPlan::epilogue).", "enum MmaOut : int {"]
+    lines += ["", "// What the tensor-core GEMM's result becomes (MmaArgs::epilogue).", "enum MmaOut : int {"]
     lines += [f"  MMA_OUT_{name.upper()} = {i}," for i, name in enumerate(EPILOGUES)]
     lines += ["};", ""]
-    lines += ["// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaPlan::x_quant).",
+    lines += ["// The activation mode the resident mma_gemm kernel quantizes its held rows to (MmaArgs::x_quant).",
               "enum MmaXQuant : int {"]  # fmt: skip
     lines += [f"  MMA_XQ_{name.upper()} = {i}," for i, name in enumerate(X_QUANTS)]
     lines += ["};", ""]

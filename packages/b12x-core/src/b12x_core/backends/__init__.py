@@ -4,7 +4,7 @@ plan). A new backend is one module with a `Backend` subclass and one line here; 
 from __future__ import annotations
 
 from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
-from .cublas import BlockScaledMM, DecodeGemm, ScaledMM
+from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
@@ -19,12 +19,12 @@ REGISTRY: tuple[type[Backend], ...] = (
     CudaGemv,
     ScaledMM,
     BlockScaledMM,
-    DecodeGemm,
+    DequantGemm,
     TritonTiles,
-    TensorCoreWgmma,  # after the others: chosen only where measurements (crossover.json) say it is faster
+    TensorCoreWgmma,  # after the others: chosen only where measurements (timings.json) say it is faster
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
     # proxy): on SM90 it ran faster than the Triton MoE at every measured token count, format and shape
-    # (crossover.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what
+    # (timings.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what
     # it cannot (no CUDA extension, the interpreter).
     TensorCoreMoE,
     TritonMoE,

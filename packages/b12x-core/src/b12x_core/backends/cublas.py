@@ -1,11 +1,11 @@
 """Backends whose GEMM is cuBLAS / cuBLASLt through torch:
 
-- `DecodeGemm`: decode the weight to bf16 in the device's shared workspace (one memory-bound pass: Triton's from
+- `DequantGemm`: dequantize the weight to bf16 in the device's shared workspace (one memory-bound pass: Triton's from
   the checkpoint layout; from the tensor-core layout the CUDA one, b12x_kernels.mma_dequantize, for the formats in
-  DecodeGemm.CUDA_PASS_FORMATS, else Triton's), then
+  DequantGemm.CUDA_PASS_FORMATS, else Triton's), then
   the dense bf16 GEMM. For operands bf16 holds exactly: bf16, mxfp8, nvfp4 (input_scale in the row factors) and
   static fp8 (e4m3 values; the static scale in the row factors). Where the plan also runs the tensor-core GEMM,
-  it decodes that backend's repacked layout (b12x_kernels.mma_decode, same values) instead of holding the
+  it dequantizes that backend's repacked layout (b12x_kernels.mma_dequant, same values) instead of holding the
   checkpoint layout too: the weight is on the device once.
 - `ScaledMM`: FP8 weights with static per-tensor or dynamic per-token fp8 activations: `torch._scaled_mm` with
   row-wise scales.
@@ -29,36 +29,36 @@ from .base import Backend, cuda_reason
 
 FP8_ROWS = 16  # cuBLASLt's fp8 layouts want the row count of A padded to a multiple of 16
 CUBLAS_SCALE_ALIGN = 4  # block-scale rows (K/128) cuBLASLt's block-scaled GEMM takes unpadded
-DECODE_MODES = operands.BF16_EXACT_MODES
+DEQUANT_MODES = operands.BF16_EXACT_MODES
 # Conservative defaults (a GPU without measurements): cuBLASLt's fp8 GEMMs past the GEMV's 16 tokens (the H200's
-# fp8 _scaled_mm took over from 12 tokens when measured); decode + GEMM only where its extra pass over the weight
+# fp8 _scaled_mm took over from 12 tokens when measured); dequantize + GEMM only where its extra pass over the weight
 # is small next to the GEMM.
 LIBRARY_FROM = 17
-DECODE_GEMM_FROM = 256
+DEQUANT_GEMM_FROM = 256
 
 
 def _pad(m: int) -> int:
     return -(-m // FP8_ROWS) * FP8_ROWS
 
 
-class DecodeGemm(Backend):
-    name, op = "decode_gemm", "linear"
-    default_tokens = (DECODE_GEMM_FROM, None)
+class DequantGemm(Backend):
+    name, op = "dequant_gemm", "linear"
+    default_tokens = (DEQUANT_GEMM_FROM, None)
     reads = ("checkpoint", "mma")
-    # Formats whose decode from the tensor-core layout runs the CUDA pass on a GPU (b12x_kernels.mma_dequantize: the
-    # GEMM's decodes, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the Triton one
-    # (same bits): the family's (MMA.dequantize_formats). `python benchmarks/decode_pass.py --programs 16x1x4,cuda`
-    # times both passes.
+    # Formats whose dequantization from the tensor-core layout runs the CUDA pass on a GPU (b12x_kernels.mma_dequantize:
+    # the GEMM's dequantizations, about 8 instructions a weight against the Triton pass's 22 for NVFP4) instead of the
+    # Triton one (same bits): the family's (MMA.dequantize_formats). `python benchmarks/dequantize_pass.py --programs
+    # 16x1x4,cuda` times both passes.
     CUDA_PASS_FORMATS: tuple[str, ...] = geometry.MMA.dequantize_formats
 
     @classmethod
     def can_implement(cls, q):
-        if q.act_mode not in DECODE_MODES:
-            return False, f"needs bf16-exact activations ({', '.join(DECODE_MODES)}), not {q.act_mode}"
+        if q.act_mode not in DEQUANT_MODES:
+            return False, f"needs bf16-exact activations ({', '.join(DEQUANT_MODES)}), not {q.act_mode}"
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why
-        return True, "decode to a bf16 workspace, then cuBLAS bf16 GEMM"
+        return True, "dequantize to a bf16 workspace, then cuBLAS bf16 GEMM"
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
@@ -89,27 +89,27 @@ class DecodeGemm(Backend):
         xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
         w = workspace.weights(x2.device, q.n, q.k)
         if self.from_mma:
-            self._decode_mma(w)
+            self._dequantize_mma(w)
         else:
             tw = self.stacked
             tiles.dequantize_tiles(q.format, tw.weight, tw.scales, tw.col_scale, w, grid_table=tw.grid,
                                    sign_table=tw.signs)  # fmt: skip
         return torch.nn.functional.linear(xv, w, None if bias is None else bias.to(torch.bfloat16))
 
-    def _decode_mma(self, w):
-        """w = the weight decoded from the tensor-core layout, shard by shard (each its own rows): the Triton pass,
+    def _dequantize_mma(self, w):
+        """w = the weight dequantized from the tensor-core layout, shard by shard (each its own rows): the Triton pass,
         or for the formats in CUDA_PASS_FORMATS the CUDA one (the same bits)."""
-        from ..kernels import mma_decode
+        from ..kernels import mma_dequant
 
         for s in self.shards:
             rows = slice(s.row, s.row + s.n)
             if s.format in self.CUDA_PASS_FORMATS and w.is_cuda:  # the interpreter (CPU) runs Triton's
-                plan = s.plan(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
-                kernels.mma_dequantize(plan, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
+                args = s.args(MmaConfig(1, 1), w.stride(0), row_scale=self.row_factor[rows])
+                kernels.mma_dequantize(args, w[rows].data_ptr(), torch.cuda.current_stream(w.device).cuda_stream)
                 continue
-            mma_decode.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
-                                      self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
-                                      s.chunks)  # fmt: skip
+            mma_dequant.dequantize_mma(s.format, s.codes, s.meta, s.meta2, s.block_scale, self.grid, self.signs,
+                                       self.fields, self.row_factor[rows], w[rows], geometry.chunk_k(s.format),
+                                       s.chunks)  # fmt: skip
 
 
 class ScaledMM(Backend):

@@ -52,16 +52,16 @@ class CudaGemv(Backend):
         launch_pdl = pdl.enabled()
         if q.format in GGML_GEMV.formats:
             self.blocks, grid = weights.ggml_blocks, weights.stacked.grid
-            self.plans = {b: interface.pack(interface.GemvGgmlPlan, format=format_id(q.format),
-                                            w=self.blocks.data_ptr(), grid=0 if grid is None else grid.data_ptr(),
-                                            N=q.n, K=q.k, max_m=b, pdl=launch_pdl) for b in BUCKETS}  # fmt: skip
+            self.packed = {b: interface.pack(interface.GemvGgmlArgs, format=format_id(q.format),
+                                             w=self.blocks.data_ptr(), grid=0 if grid is None else grid.data_ptr(),
+                                             N=q.n, K=q.k, max_m=b, pdl=launch_pdl) for b in BUCKETS}  # fmt: skip
             return
         self.shards = weights.element_shards
         cols = operands.x_scale_cols(q.act_mode, q.k)
-        self.plans = {b: [interface.pack(interface.GemvElemPlan, format=format_id(q.format), w=s.weight.data_ptr(),
-                                         scales=0 if s.scales is None else s.scales.data_ptr(),
-                                         tensor_scale=s.tensor_scale, x_scale_cols=cols, ldy=q.n, N=s.rows, K=q.k,
-                                         max_m=b, pdl=launch_pdl) for s in self.shards] for b in BUCKETS}  # fmt: skip
+        self.packed = {b: [interface.pack(interface.GemvElemArgs, format=format_id(q.format), w=s.weight.data_ptr(),
+                                          scales=0 if s.scales is None else s.scales.data_ptr(),
+                                          tensor_scale=s.tensor_scale, x_scale_cols=cols, ldy=q.n, N=s.rows, K=q.k,
+                                          max_m=b, pdl=launch_pdl) for s in self.shards] for b in BUCKETS}  # fmt: skip
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
@@ -85,16 +85,16 @@ class CudaGemv(Backend):
         if bias is not None and bias.dtype != torch.bfloat16:
             bias = bias.to(torch.bfloat16)
         stream = torch.cuda.current_stream(x2.device).cuda_stream
-        plans = self.plans[config["max_m"]]
+        packed = self.packed[config["max_m"]]
         for start in range(0, m, LAUNCH_TOKENS):
             tokens = min(LAUNCH_TOKENS, m - start)
             x_row, y_row = xv[start].data_ptr(), y[start]
             if q.format in GGML_GEMV.formats:
-                kernels.gemv_ggml(plans, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
+                kernels.gemv_ggml(packed, x_row, 0 if bias is None else bias.data_ptr(), y_row.data_ptr(), tokens,
                                        stream)  # fmt: skip
                 continue
             scale_ptr = 0 if x_scale is None else x_scale[start].data_ptr()
-            for s, plan in zip(self.shards, plans, strict=True):  # each shard writes its columns of y (row stride N)
-                kernels.gemv_elem(plan, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
+            for s, args in zip(self.shards, packed, strict=True):  # each shard writes its columns of y (row stride N)
+                kernels.gemv_elem(args, x_row, scale_ptr, 0 if bias is None else bias[s.row :].data_ptr(),
                                        y_row[s.row :].data_ptr(), tokens, stream)  # fmt: skip
         return y

@@ -70,7 +70,7 @@ def _global_scale(act_mode: str, input_scale: float | None) -> float:
 
 def in_kernel_scale(act_mode: str, input_scale: float | None) -> float:
     """The scale a kernel that quantizes the activations itself takes for `act_mode` (b12x_kernels.interface
-    MmaPlan.x_quant_scale): the one bf16_operands hands act_quant, fp8 static's input_scale or nvfp4's global
+    MmaArgs.x_quant_scale): the one bf16_operands hands act_quant, fp8 static's input_scale or nvfp4's global
     scale 1 / input_scale, both float32 as there; 0 for the modes that need none."""
     if act_mode == "fp8_static":
         return _static_scale(act_mode, input_scale)

@@ -40,7 +40,7 @@ class TensorCoreGemm(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        self.shards = weights.mma  # shared: decode + cuBLAS reads it too where the plan runs both
+        self.shards = weights.mma  # shared: dequantize + cuBLAS reads it too where the plan runs both
         self.tickets_needed = 1  # split-K tickets of the largest call its plan rows make (reserve)
 
     @classmethod

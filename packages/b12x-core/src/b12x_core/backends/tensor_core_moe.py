@@ -139,9 +139,9 @@ class TensorCoreMoE(Backend):
         """Scratch the GEMM launches themselves take: none (the mma.sync kernels read their operands in place)."""
         return []
 
-    def _launch(self, plan: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
+    def _launch(self, args: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
         """One grouped GEMM launch (gemm.launch's arguments; `scratch`: the tensors of _launch_specs)."""
-        gemm.launch(plan, a, y, slots, ws, stream, **grouped)
+        gemm.launch(args, a, y, slots, ws, stream, **grouped)
 
     def _x_specs(self, tokens: int, config: dict) -> list:
         """The gate/up input's operand pass buffers, none where the kernel quantizes x itself (x_quant)."""
@@ -152,7 +152,7 @@ class TensorCoreMoE(Backend):
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(self._specs(tokens, config))
 
-    def _plans(self, mt: int, s13: int, s2: int, top_k: int, config: dict) -> tuple[bytes, bytes]:
+    def _args(self, mt: int, s13: int, s2: int, top_k: int, config: dict) -> tuple[bytes, bytes]:
         """Both GEMMs' kernel argument blocks: gate/up with the activation fused and its input gathered per
         slot, down writing float32 slot rows per split for the combine; rows held and quantized where the
         configuration says (call_config's "held", "x_quant")."""
@@ -161,10 +161,10 @@ class TensorCoreMoE(Backend):
         xq13, xq2 = config.get("x_quant", ("none", "none"))
         s_in13, s_in2 = self.input_scales
         tiles = config.get("rows", geometry.ROWS_PER_CTA) // geometry.TILE_ROWS
-        w13 = self.w13.shard.plan(gemm.MmaConfig(mt, s13, tiles=tiles, resident=held13), shape.intermediate,
+        w13 = self.w13.shard.args(gemm.MmaConfig(mt, s13, tiles=tiles, resident=held13), shape.intermediate,
                                   shape.activation, self.w13.row_scale, top_k, xq13,
                                   operands.in_kernel_scale(xq13, s_in13))  # fmt: skip
-        w2 = self.w2.shard.plan(gemm.MmaConfig(mt, s2, tiles=tiles, resident=held2), 0, "f32", self.w2.row_scale,
+        w2 = self.w2.shard.args(gemm.MmaConfig(mt, s2, tiles=tiles, resident=held2), 0, "f32", self.w2.row_scale,
                                 x_quant=xq2, x_quant_scale=operands.in_kernel_scale(xq2, s_in2))  # fmt: skip
         return w13, w2
 
@@ -193,11 +193,11 @@ class TensorCoreMoE(Backend):
         stream = torch.cuda.current_stream(x.device).cuda_stream
         tickets = workspace.tickets(x.device, self.tickets_needed)
         s_in13, s_in2 = self.input_scales
-        plan13, plan2 = self._plans(mt, s13, s2, k, config)
+        args13, args2 = self._args(mt, s13, s2, k, config)
 
         x_in = x if xq13 != "none" else operands.bf16_operands(x.contiguous(), q.act_mode, s_in13, x_buffers or None)[0]
         ws13 = gemm.MmaWorkspace(tickets.view(torch.float32) if partial13 is None else partial13, tickets)
-        self._launch(plan13, x_in.contiguous(), inter, slots, ws13, stream, scratch, **grouped)
+        self._launch(args13, x_in.contiguous(), inter, slots, ws13, stream, scratch, **grouped)
         inter_in = inter
         if xq2 == "none":
             inter_in, _ = operands.bf16_operands(inter, shape.act_mode_2, s_in2, inter_buffers or None)
@@ -205,9 +205,9 @@ class TensorCoreMoE(Backend):
         weights = topk_weights.to(torch.float32).contiguous()
         ws2 = gemm.MmaWorkspace(out, tickets)
         if fused:  # the down GEMM combines its slot rows into y
-            self._launch(plan2, inter_in.contiguous(), y, slots, ws2, stream, scratch, combine_w=weights, **grouped)
+            self._launch(args2, inter_in.contiguous(), y, slots, ws2, stream, scratch, combine_w=weights, **grouped)
             return y
-        self._launch(plan2, inter_in.contiguous(), None, slots, ws2, stream, scratch, **grouped)
+        self._launch(args2, inter_in.contiguous(), None, slots, ws2, stream, scratch, **grouped)
         return tiles.moe_combine(out, weights, y)
 
 
@@ -243,7 +243,7 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
 
     @staticmethod
     def _occupancy(query, fmt: str, mt: int, height: int) -> int:  # the wgmma kernel's CTAs are 128 rows high
-        return wgmma.slots(fmt, mt, query.device.sms, measured=geometry.kernels_run(query))
+        return wgmma.concurrent_ctas(fmt, mt, query.device.sms, measured=geometry.kernels_run(query))
 
     @staticmethod
     def _fuses(query, slots: int) -> bool:
@@ -258,6 +258,6 @@ class TensorCoreMoEWgmma(TensorCoreMoE):
                      wgmma.staged_bytes(shape.w2_format, rows, shape.intermediate))  # fmt: skip
         return [((nbytes,), torch.uint8)]
 
-    def _launch(self, plan: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
+    def _launch(self, args: bytes, a, y, slots: int, ws, stream: int, scratch: list, **grouped) -> None:
         (staged,) = scratch
-        wgmma.launch(plan, a, y, slots, ws, staged, stream, table=grouped["table"])
+        wgmma.launch(args, a, y, slots, ws, staged, stream, table=grouped["table"])

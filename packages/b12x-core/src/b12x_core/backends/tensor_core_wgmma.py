@@ -44,11 +44,13 @@ class TensorCoreWgmma(Backend):
         q = query
         chunks = -(-q.k // geometry.chunk_k(q.format))
         measured = geometry.kernels_run(q)
-        slots = {mt: wgmma.slots(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)}
+        concurrent_ctas = {
+            mt: wgmma.concurrent_ctas(q.format, mt, q.device.sms, measured) for mt in wgmma.token_tiles_of(q.format)
+        }
 
         def config_of(m: int) -> dict:
             share = configure.split_share(q.format, m, q.k)
-            c = wgmma.default_config(m, q.n, chunks, slots.get, share=share, fmt=q.format, sms=q.device.sms)
+            c = wgmma.default_config(m, q.n, chunks, concurrent_ctas.get, share=share, fmt=q.format, sms=q.device.sms)
             return c.plan_row()
 
         return config_ranges(lo, hi, config_of)

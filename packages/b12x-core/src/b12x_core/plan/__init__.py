@@ -4,7 +4,7 @@ A `Plan` is an ordered table of token ranges, each with the backend that runs it
 (tile sizes, accumulator bucket, K splits, ...), why it won and why every other backend lost. `prepare_*` builds it
 once (`build`): every backend of the op answers `can_implement(query)`; among those that can, each token range
 goes to the fastest backend measured on this GPU for this format, activation mode and shape class
-(crossover.py), or, where nothing is measured, to the conservative default (each backend's `default_tokens`,
+(timings.py), or, where nothing is measured, to the conservative default (each backend's `default_tokens`,
 registry order breaking ties); the chosen backends are prepared, split their ranges by configuration, size the
 shared workspaces, and every row is run once (warmed) so no call compiles or initialises anything.
 `linear` / `moe` / `embedding` then run `plan.for_tokens(m).run(...)`.
@@ -67,7 +67,7 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
         decisions = [Decision(1, query.max_tokens, only, "asked for")]
     chosen = list({d.backend for d in decisions})
     layout = shared_layout(chosen)  # the one layout every chosen backend reads (None: each its own)
-    if hasattr(weights, "shared_layout"):  # a linear's weights: what decode + cuBLAS reads follows them
+    if hasattr(weights, "shared_layout"):  # a linear's weights: what dequantize + cuBLAS reads follows them
         if layout and weights.shared_layout not in common_layouts(chosen):
             weights.shared_layout = layout
         layout = weights.shared_layout

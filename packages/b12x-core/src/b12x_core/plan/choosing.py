@@ -1,11 +1,11 @@
 """Choosing: which backend runs each token range of a query, from the backends' `can_implement`, the measured
-tables (crossover.py) or the conservative defaults, under the one-copy rule (copies.py)."""
+tables (timings.py) or the conservative defaults, under the one-copy rule (copies.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from .. import backends, crossover
+from .. import backends, timings
 from ..backends import Backend, Query
 from ..errors import UnsupportedError
 from .copies import excluded, one_copy
@@ -58,7 +58,7 @@ def _default_decisions(able: list[type[Backend]], lo: int, hi: int, basis_note: 
     return out
 
 
-def _measured_decisions(able, entry: crossover.Entry, hi: int, layout: str | None = None) -> list[Decision]:
+def _measured_decisions(able, entry: timings.Entry, hi: int, layout: str | None = None) -> list[Decision]:
     """Per measured token count p: the fastest capable backend there (its time on `layout` where measured per
     layout); it runs the tokens after the previous measured count up to p (the last measured count's winner also
     runs everything above it)."""
@@ -138,8 +138,8 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
         why = next(why for cls, ok, why in verdicts if ok)
         return "one backend runs this here", never, [Decision(1, hi, able[0], why)]
     arch = query.device.arch
-    found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries,
-                             op=query.op)  # fmt: skip
+    found = timings.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries,
+                           op=query.op)  # fmt: skip
     if found is None:
         note = f"no measurements for {arch} {query.format} × {query.act_mode}"
         basis = f"conservative defaults ({note})"

@@ -33,7 +33,7 @@ def one_copy(able, decisions, decide, entry=None) -> tuple[list | None, str | No
     """-> (the capable backends the plan keeps, the layout they share, what it costs) when the plan must choose
     one layout of the weight; (None, None, "") when the decisions stand as they are (B12X_WEIGHT_COPIES=2, or
     their backends share a layout and lose nothing on it). `decide(subset, layout)` remakes the decisions among
-    a subset, with each backend's times on that layout (crossover.Entry.time). Each layout's family is the
+    a subset, with each backend's times on that layout (timings.Entry.time). Each layout's family is the
     backends reading it; measured (`entry`), the family whose decisions lose least against the fastest at the
     measured token counts wins (ties: the layout the fastest already share), unmeasured the M=1 winner's."""
     chosen = list(dict.fromkeys(d.backend for d in decisions))

@@ -60,7 +60,7 @@ class Plan:
         return list(dict.fromkeys(d.backend.name for d in self.decisions))
 
     def summary(self) -> str:
-        """e.g. "cuda_gemv (1-4), triton_tiles (5-32), decode_gemm (33-8192)"; one name when one backend."""
+        """e.g. "cuda_gemv (1-4), triton_tiles (5-32), dequant_gemm (33-8192)"; one name when one backend."""
         if len(self.decisions) == 1:
             return self.decisions[0].backend.name
         return ", ".join(f"{d.backend.name} ({text.tokens(d.lo, d.hi)})" for d in self.decisions)

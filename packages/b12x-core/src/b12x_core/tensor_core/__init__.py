@@ -8,10 +8,10 @@ b12x_core knows about it in one folder:
   grouped form also the routing), dense (`linear_rule`) and grouped (`moe_config`), read top to bottom.
 - layout.py: the weight's repacked layout (lane-ordered 1 KB tiles), lossless `pack` / `unpack`.
 - gemm.py: row shards on the device (`prepare`: merged into one where their layouts concatenate), their kernel
-  argument blocks (`MmaShard.plan`), the configuration's type (`MmaConfig`) and the launch.
+  argument blocks (`MmaShard.args`), the configuration's type (`MmaConfig`) and the launch.
 - experts.py: an MoE's experts stacked into one weight for the grouped form, with per-row factors.
 - wgmma.py: the Hopper warpgroup form over the same layout, its own rules and launch.
 
-Its backends (backends/tensor_core.py, backends/tensor_core_moe.py) and decode + cuBLAS
+Its backends (backends/tensor_core.py, backends/tensor_core_moe.py) and dequantize + cuBLAS
 (backends/cublas.py, which reads the same layout) use these modules and nothing of each other.
 """

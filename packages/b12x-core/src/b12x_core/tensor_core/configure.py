@@ -5,7 +5,7 @@ backends/tensor_core.py (a linear: `linear_rule`) and backends/tensor_core_moe.p
 What a rule counts with comes from elsewhere and decides nothing: the kernel's numbers and the counts made of them
 (rows per CTA, K chunks, token tiles, CTA heights, output tiles, occupancy, shared memory a block: geometry.py), the
 configuration's own type (gemm.MmaConfig, as a plan row `plan_row` / `of_plan_row`), the device and the overrides
-(the Query), and for the MoE the measured table (b12x_core.crossover).
+(the Query), and for the MoE the measured table (b12x_core.timings).
 
 A linear, per token count m (linear_rule → default_config):
 1. the token tile: 8, 16 or 32 tokens, the fewest tiles that cover m (token_tile), halved while its CTA does not fit
@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from b12x_formats.quantized import codec_for
 
-from .. import crossover
+from .. import timings
 from ..moe_blocks import decode_kernels, table_maker
 from . import experts, geometry
 from .gemm import MmaConfig
@@ -56,12 +56,12 @@ def linear_rule(query) -> Callable[[int], dict]:
     (format, activation mode, N, K, the device's SMs, occupancy and shared memory a block)."""
     q = query
     chunks = -(-q.k // chunk_k(q.format))
-    slots = {mt: geometry.occupancy_slots(q, q.format, mt) for mt in geometry.TOKEN_TILES}
+    concurrent_ctas = {mt: geometry.concurrent_ctas(q, q.format, mt) for mt in geometry.TOKEN_TILES}
     limit = geometry.smem_limit(q)  # every CTA within the device's shared memory a block
 
     def config_of(m: int) -> dict:
         mt = fitting_token_tile(m, q.format, limit)
-        c = default_config(m, q.n, chunks, slots[mt], sms=q.device.sms, share=split_share(q.format, m, q.k),
+        c = default_config(m, q.n, chunks, concurrent_ctas[mt], sms=q.device.sms, share=split_share(q.format, m, q.k),
                            fmt=q.format, act_mode=q.act_mode, smem_limit=limit)  # fmt: skip
         in_kernel = quantizes_in_kernel(q.format, q.act_mode, c)
         return {**c.plan_row(), **({"x_quant": q.act_mode} if in_kernel else {})}
@@ -69,18 +69,18 @@ def linear_rule(query) -> Callable[[int], dict]:
     return config_of
 
 
-def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16, rt: int = 1,
+def default_config(m: int, n: int, chunks: int, concurrent_ctas: int, max_splits: int = 16, rt: int = 1,
                    sms: int = 0, share: float = 0.0, balance: bool = True, fmt: str = "",
                    act_mode: str = "bf16", smem_limit: int = 0) -> MmaConfig:  # fmt: skip
-    """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `slots` (SMs × CTAs
-    per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token tiles,
-    given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest SM
-    least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
+    """The token tile that covers M in the fewest tiles, and the K split that fills the GPU: its `concurrent_ctas` (SMs
+    × CTAs per SM) in even waves (even_split, weighing each split's partials by `share`: split_share), or at one-token
+    tiles, given the SMs, one wave of STREAMING_CTAS_PER_SM CTAs an SM: the CTA height and split that load the busiest
+    SM least (balanced_config; every format measured faster with it) or, with `balance` False, 128-row CTAs split as
     far as the wave allows (streaming_split: what `mma_linear.py --balance-ab` times beside it). Given the format,
     one-token tiles hold their activations whole where the rule measured for it and `act_mode` allows
     (holds_resident). Given the format and the device's shared memory a block (`smem_limit`, bytes), every CTA fits
     it: smaller token tiles (fitting_token_tile) or shorter one-token CTAs (geometry.fitting_heights) where the
-    usual ones would not launch (SM12x's 99 KB); `slots` must then be the chosen token tile's."""
+    usual ones would not launch (SM12x's 99 KB); `concurrent_ctas` must then be the chosen token tile's."""
     mt = fitting_token_tile(m, fmt, smem_limit)
     # no height fits: the backends' can_implement refuse the format first (geometry.smem_reason)
     heights = geometry.fitting_heights(fmt, smem_limit) or geometry.CTA_HEIGHTS
@@ -93,7 +93,7 @@ def default_config(m: int, n: int, chunks: int, slots: int, max_splits: int = 16
     elif m <= 8 and sms:
         config = MmaConfig(mt, streaming_split(tiles, chunks, sms, max_splits), rt, height)
     else:
-        return MmaConfig(mt, even_split(tiles, chunks, slots, max_splits, share), rt, height)
+        return MmaConfig(mt, even_split(tiles, chunks, concurrent_ctas, max_splits, share), rt, height)
     if holds_resident(fmt, m, chunks, config, act_mode, smem_limit):
         config = replace(config, resident=True)
     return config
@@ -155,19 +155,19 @@ def streaming_split(tiles: int, chunks: int, sms: int, max_splits: int = 16) -> 
 FULL_WAVES = 4  # from this many waves of CTAs on, K is not split
 
 
-def even_split(tiles: int, chunks: int, slots: int, max_splits: int = 16, share: float = 0.0) -> int:
-    """The K split whose CTAs (`tiles` output tiles × splits) fill the GPU's `slots` (SMs × CTAs per SM) in the
-    most even waves: a last partial wave leaves SMs idle while it runs. Each split keeps at least 4 chunks;
+def even_split(tiles: int, chunks: int, concurrent_ctas: int, max_splits: int = 16, share: float = 0.0) -> int:
+    """The K split whose CTAs (`tiles` output tiles × splits) fill the GPU's `concurrent_ctas` (SMs × CTAs per SM) in
+    the most even waves: a last partial wave leaves SMs idle while it runs. Each split keeps at least 4 chunks;
     more splits cost a little (partials written and summed), so ties take fewer, and a split costs its partials'
     traffic as a share of the weight's (`share`, split_share: nothing at one token, half the weight's bytes a
     split at 128 tokens of a 4-bit linear); from FULL_WAVES waves on the tail is small and the partials' traffic
     (growing with the tokens) is not, so K stays whole. Costs are in units of the time of one even wave-filling pass
     over the weight. The Hopper form's rules (tensor_core/wgmma.py) split K by it too."""
-    if tiles >= FULL_WAVES * slots:
+    if tiles >= FULL_WAVES * concurrent_ctas:
         return 1
 
     def cost(splits: int) -> float:
-        waves = tiles * splits / slots
+        waves = tiles * splits / concurrent_ctas
         return -(-waves // 1) / waves + 0.01 * splits + (share * splits if splits > 1 else 0.0)
 
     candidates = range(1, max(1, min(max_splits, chunks // 4)) + 1)
@@ -289,7 +289,7 @@ def moe_token_tile(query, per_expert: int) -> int:
 
 def moe_occupancy(query, fmt: str, mt: int, height: int) -> int:
     """CTAs of one GEMM (format, token tile, `height` row tiles a CTA) that run at once: what a K split fills."""
-    return geometry.occupancy_slots(query, fmt, mt, height)
+    return geometry.concurrent_ctas(query, fmt, mt, height)
 
 
 # The routing table and the combine inside the GEMMs up to this many token slots: each CTA then ranks the slots
@@ -321,7 +321,7 @@ def moe_holds(query, tokens: int) -> bool:
     table has HELD faster than STAGED at that count (interpolated as the plans read it)."""
     if query.overrides.holds_rows is not None:
         return query.overrides.holds_rows
-    found = crossover.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
+    found = timings.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
     if found is None:
         return False
     entry = found[0]

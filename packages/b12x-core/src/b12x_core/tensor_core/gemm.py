@@ -1,5 +1,5 @@
 """The tensor-core mixed-input GEMM (b12x_kernels.mma_gemm) for a linear's row shards: weights repacked once by
-tensor_core.layout, the kernel argument block (b12x_kernels.interface.MmaPlan) packed once per configuration, a call
+tensor_core.layout, the kernel argument block (b12x_kernels.interface.MmaArgs) packed once per configuration, a call
 allocates only its output and launches one kernel. Fused qkv / gate_up shards whose layouts concatenate
 (layout.merge_blocker) are one MmaShard over all rows, each shard's per-tensor factor carried per row
 (`row_scale`); the others launch one kernel per shard. Its configuration (MmaConfig: token tile, K splits, CTA height,
@@ -39,11 +39,11 @@ class MmaShard:
     scale_mul: float = 1.0
     row_scale: torch.Tensor | None = None  # float32 [n]: each row's factor, times alpha (merged shards: alpha is 1)
     pdl: int = 0  # launch with programmatic dependent launch (b12x_core.pdl: B12X_PDL=1, read by prepare)
-    plans: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (plan())
+    packed: dict = field(default_factory=dict, repr=False)  # the kernel's argument blocks, by launch (args())
 
-    def plan(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
+    def args(self, config: MmaConfig, ldy: int, epilogue: str = "bf16", row_scale: torch.Tensor | None = None,
              top_k: int = 0, x_quant: str = "none", x_quant_scale: float = 0.0) -> bytes:  # fmt: skip
-        """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaPlan): packed on
+        """The kernel's argument block for this shard under `config` (b12x_kernels.interface.MmaArgs): packed on
         first use, then reused, so a call passes only its activations, output, token count and workspace.
         `row_scale`: float32 per-row factors, by default the shard's own. `x_quant` (resident configurations only;
         b12x_kernels.interface.X_QUANTS: "fp8_static" for FP8, "mxfp8" for MXFP8 / MXFP4 / NVFP4, "nvfp4" for
@@ -52,10 +52,10 @@ class MmaShard:
         global scale (float32 1 / input_scale). Per-tensor factors stay the caller's, as with the operand pass."""
         row_scale = self.row_scale if row_scale is None else row_scale
         key = (config, ldy, epilogue, device_ptr(row_scale), top_k, x_quant, x_quant_scale)
-        if key not in self.plans:
+        if key not in self.packed:
             interface = kernels.interface
-            self.plans[key] = interface.pack(
-                interface.MmaPlan, format=self.fmt_id, codes=self.codes.data_ptr(), meta=device_ptr(self.meta),
+            self.packed[key] = interface.pack(
+                interface.MmaArgs, format=self.fmt_id, codes=self.codes.data_ptr(), meta=device_ptr(self.meta),
                 meta2=device_ptr(self.meta2), block_scale=device_ptr(self.block_scale),
                 tables=device_ptr(self.tables), row_scale=device_ptr(row_scale), alpha=self.alpha,
                 scale_mul=self.scale_mul, ldy=ldy, N=self.n, K=self.k,
@@ -63,7 +63,7 @@ class MmaShard:
                 tiles=config.tiles, epilogue=interface.EPILOGUES.index(epilogue), top_k=top_k, pdl=self.pdl,
                 resident=int(config.resident), x_quant=interface.X_QUANTS.index(x_quant), x_quant_scale=x_quant_scale,
             )  # fmt: skip
-        return self.plans[key]
+        return self.packed[key]
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,10 @@ def device_ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace | None,
+def launch(args: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace | None,
            stream: int, bias: torch.Tensor | None = None, table: tuple = (), routed: tuple = (),
            combine_w: torch.Tensor | None = None) -> None:  # fmt: skip
-    """One kernel launch of a shard's `plan` (MmaShard.plan): m rows of x (bf16, row stride K) into y. The grouped
+    """One kernel launch of a shard's `args` (MmaShard.args): m rows of x (bf16, row stride K) into y. The grouped
     form takes either `table`, (order, block table [3, blocks]) from b12x_core.moe_blocks, or `routed`, (ids int32
     [m], experts, blocks): each CTA finds its table block itself. `combine_w` (fp32 [m / k, k], the f32 epilogue,
     grouped): y bf16 [m / k, N] is the combine of the float32 slot rows (csrc/kernels.h MmaCall)."""
@@ -174,7 +174,7 @@ def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspa
     if combine_w is not None:
         grouped.update(combine_w=combine_w.data_ptr(), combine_k=combine_w.shape[1])
     kernels.mma_gemm(
-        plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
+        args, x.data_ptr(), device_ptr(bias), device_ptr(y), m,
         0 if workspace is None else workspace.partials.data_ptr(),
         0 if workspace is None else workspace.tickets.data_ptr(), stream, **grouped,
     )  # fmt: skip
@@ -184,10 +184,10 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
         workspace: MmaWorkspace | None, stream: int, x_quant: str = "none",
         x_quant_scale: float = 0.0) -> None:  # fmt: skip
     """y[:, shard rows] = x2 @ W.T (+ bias) for every shard; x2 bf16 [M, K] contiguous, y bf16 [M, N].
-    `x_quant`: x2 quantized as that activation mode inside the kernel (MmaShard.plan; resident configurations of the
+    `x_quant`: x2 quantized as that activation mode inside the kernel (MmaShard.args; resident configurations of the
     formats that pair with it, the extension refuses others); the plans pass it where the row says so
     (configure.quantizes_in_kernel)."""
     m = x2.shape[0]
     for s in shards:
-        plan = s.plan(config, y.shape[1], x_quant=x_quant, x_quant_scale=x_quant_scale)
-        launch(plan, x2, y[:, s.row :], m, workspace, stream, None if bias is None else bias[s.row :])
+        args = s.args(config, y.shape[1], x_quant=x_quant, x_quant_scale=x_quant_scale)
+        launch(args, x2, y[:, s.row :], m, workspace, stream, None if bias is None else bias[s.row :])

@@ -28,8 +28,8 @@ FULL_HEIGHT = CTA_HEIGHTS[0]  # row tiles of a 128-row CTA (every grouped CTA, e
 
 __all__ = ["CONSERVATIVE_BLOCKS_PER_SM", "CTA_HEIGHTS", "FULL_HEIGHT", "LANE_BYTES", "MMA", "QUAD", "ROWS_PER_CTA",
            "STATIC_SMEM_BOUND", "TILE_ROWS", "TOKEN_TILES", "chunk_k", "fits", "fitting_heights", "kernels_run",
-           "occupancy_slots", "output_tiles", "slots", "smem_bytes", "smem_limit", "smem_reason", "split_tickets",
-           "token_tiles"]  # fmt: skip
+           "concurrent_ctas", "output_tiles", "concurrent_ctas_here", "smem_bytes", "smem_limit", "smem_reason",
+           "split_tickets", "token_tiles"]  # fmt: skip
 
 
 def token_tiles(m: int, mt: int) -> int:
@@ -57,7 +57,7 @@ def kernels_run(query) -> bool:
     return query.on_cuda and not query.device.kernels
 
 
-def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
+def concurrent_ctas(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
     """CTAs of the tensor-core GEMM (format, token tile of 8·mt, `tiles` row tiles a CTA) that run at once on the
     query's device: SMs × CTAs per SM, from the kernel's occupancy where it is at hand, else a conservative guess
     (also where that kernel does not fit the device: the extension answers 0)."""
@@ -67,8 +67,8 @@ def occupancy_slots(query, fmt: str, mt: int, tiles: int = FULL_HEIGHT) -> int:
     return query.device.sms * blocks
 
 
-def slots(fmt: str, mt: int, device, rt: int = 1) -> int:
-    """CTAs that run at once on a CUDA device here (the benchmarks' count; a plan's is occupancy_slots): SMs × the
+def concurrent_ctas_here(fmt: str, mt: int, device, rt: int = 1) -> int:
+    """CTAs that run at once on a CUDA device here (the benchmarks' count; a plan's is concurrent_ctas): SMs × the
     kernel's CTAs per SM (occupancy of that format and token tile)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return sms * max(1, kernels.mma_blocks_per_sm(format_id(fmt), mt, rt))

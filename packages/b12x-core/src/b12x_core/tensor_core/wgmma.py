@@ -1,5 +1,5 @@
 """The Hopper (sm_90a) form of the tensor-core GEMM (b12x_kernels.wgmma_gemm, csrc/wgmma_gemm.cu): warpgroup MMAs
-over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.plan: MmaPlan) with token tiles up to
+over gemm.py's repacked weights, under the same argument block (gemm.MmaShard.args: MmaArgs) with token tiles up to
 128 tokens (wgmma's N; 64 for FACTOR_FORMATS, FP8_BLOCK and IQ2, whose per-chunk fp32 factor is folded into the
 accumulators from a second set of partial sums), K split across CTAs with the same deterministic reduction. A call
 stages its activations in the MMA's operand order first (scratch of `staged_bytes`), so it launches two kernels per
@@ -34,8 +34,8 @@ WIDE_TOKEN_TILES = _interface.WGMMA_WIDE_TOKEN_TILES
 
 __all__ = ["CAPABILITY", "FACTOR_FORMATS", "FACTOR_TOKEN_TILES", "FORMATS", "GROUPED_FORMATS", "GROUPED_TOKEN_TILES",
            "LINEAR_FORMATS", "TOKEN_TILES", "WIDE_FORMATS", "WIDE_FROM", "WIDE_TOKEN_TILES", "default_config",
-           "grouped_token_tile", "grouped_token_tiles", "launch", "run", "slots", "staged_bytes", "token_tile",
-           "token_tiles_of", "wide_config"]  # fmt: skip
+           "grouped_token_tile", "grouped_token_tiles", "launch", "run", "concurrent_ctas", "staged_bytes",
+           "token_tile", "token_tiles_of", "wide_config"]  # fmt: skip
 
 CAPABILITY = (9, 0)  # wgmma is an sm_90a instruction: compute capability 9.0 exactly
 # the dense form (rt = 1) runs both kinds, and the formats stored as one of them (W4A16_NVFP4 is NVFP4's tensors)
@@ -91,7 +91,7 @@ def grouped_token_tile(per_expert: int, fmt: str) -> int:
     return next((mt for mt in tiles if per_expert <= 8 * mt), tiles[-1])
 
 
-def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
+def concurrent_ctas(fmt: str, mt: int, sms: int, measured: bool) -> int:
     """CTAs that run at once: SMs × CTAs per SM (the kernel's occupancy where `measured`, else its launch bounds)."""
     blocks = CONSERVATIVE_BLOCKS[mt]
     if measured:
@@ -101,16 +101,16 @@ def slots(fmt: str, mt: int, sms: int, measured: bool) -> int:
     return sms * blocks
 
 
-def default_config(m: int, n: int, chunks: int, slots_of, mt: int | None = None, share: float = 0.0,
+def default_config(m: int, n: int, chunks: int, concurrent_ctas_of, mt: int | None = None, share: float = 0.0,
                    fmt: str = "NVFP4", sms: int | None = None) -> MmaConfig:  # fmt: skip
     """The token tile of `fmt` for M (token_tile; or the given mt), and the K split that fills the GPU
-    (configure.even_split, each split's partials weighed by `share`: configure.split_share); `slots_of(mt)` gives the
-    CTAs that run at once. Given the GPU's `sms` and no mt, from WIDE_FROM tokens on the FP4 formats run 256-row CTAs
-    (wide_config)."""
+    (configure.even_split, each split's partials weighed by `share`: configure.split_share); `concurrent_ctas_of(mt)`
+    gives the CTAs that run at once. Given the GPU's `sms` and no mt, from WIDE_FROM tokens on the FP4 formats run
+    256-row CTAs (wide_config)."""
     if mt is None and sms and fmt in WIDE_FORMATS and m >= WIDE_FROM:
         return wide_config(m, n, chunks, sms, WIDE_TOKEN_TILES[-1], share)
     mt = mt or token_tile(m, fmt)
-    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, slots_of(mt), share=share))
+    return MmaConfig(mt, even_split(output_tiles(token_tiles(m, mt), n), chunks, concurrent_ctas_of(mt), share=share))
 
 
 def wide_config(m: int, n: int, chunks: int, sms: int, mt: int, share: float = 0.0) -> MmaConfig:
@@ -130,16 +130,16 @@ def staged_bytes(fmt: str, rows: int, k: int) -> int:
     return -(-rows // 8) * 8 * -(-k // ck) * ck * 2
 
 
-def launch(plan: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace,
+def launch(args: bytes, x: torch.Tensor, y: torch.Tensor | None, m: int, workspace: MmaWorkspace,
            staged: torch.Tensor, stream: int, bias: torch.Tensor | None = None, table: tuple = ()) -> None:  # fmt: skip
-    """One call of a shard's `plan` (gemm.MmaShard.plan): m rows of x into y, as gemm.launch; `table`: the grouped
+    """One call of a shard's `args` (gemm.MmaShard.args): m rows of x into y, as gemm.launch; `table`: the grouped
     form's (order, block table [3, blocks]) from b12x_core.moe_blocks."""
     grouped = {}
     if table:
         order, blocks = table
         grouped = dict(order=order.data_ptr(), table=blocks.data_ptr(), blocks=blocks.shape[1])
     kernels.wgmma_gemm(
-        plan, x.data_ptr(), device_ptr(bias), device_ptr(y), m, workspace.partials.data_ptr(),
+        args, x.data_ptr(), device_ptr(bias), device_ptr(y), m, workspace.partials.data_ptr(),
         workspace.tickets.data_ptr(), staged.data_ptr(), stream, **grouped,
     )  # fmt: skip
 
@@ -150,5 +150,5 @@ def run(x2: torch.Tensor, shards: list[MmaShard], y: torch.Tensor, bias: torch.T
     holds at least staged_bytes(format, M, K)."""
     m = x2.shape[0]
     for s in shards:
-        launch(s.plan(config, y.shape[1]), x2, y[:, s.row :], m, workspace, staged, stream,
+        launch(s.args(config, y.shape[1]), x2, y[:, s.row :], m, workspace, staged, stream,
                None if bias is None else bias[s.row :])  # fmt: skip

@@ -1,12 +1,12 @@
-"""crossover.merge (the benchmarks' --emit-table): a run that re-measures some token counts of an entry keeps the
+"""timings.merge (the benchmarks' --emit-table): a run that re-measures some token counts of an entry keeps the
 entry's other token counts, and never rewrites the file in place."""
 
 from __future__ import annotations
 
 import json
 
-from b12x_core import crossover
-from b12x_core.crossover import Entry
+from b12x_core import timings
+from b12x_core.timings import Entry
 
 
 def entry(ms, us, source):
@@ -14,13 +14,13 @@ def entry(ms, us, source):
 
 
 def test_a_partial_re_measure_keeps_the_other_token_counts(tmp_path):
-    path = tmp_path / "crossover.json"
+    path = tmp_path / "timings.json"
     other = Entry((9, 0), "FP8", "bf16", "4096x4096", (1,), {"tensor_core": (9.0,)}, "older")
     old = entry([1, 16, 4096], {"tensor_core": [10.0, 20.0, 900.0], "cuda_gemv": [8.0, 40.0, None]}, "run A")
-    path.write_text(crossover.dumps([other, old]))
+    path.write_text(timings.dumps([other, old]))
     new = entry([16, 64], {"tensor_core": [15.0, 30.0], "tensor_core_wgmma": [12.0, None]}, "run B")
-    crossover.merge(path, [new])
-    merged = {e.format: e for e in crossover.load.__wrapped__(path)}
+    timings.merge(path, [new])
+    merged = {e.format: e for e in timings.load.__wrapped__(path)}
     assert merged["FP8"] == other
     got = merged["NVFP4"]
     assert got.ms == (1, 16, 64, 4096)
@@ -29,7 +29,7 @@ def test_a_partial_re_measure_keeps_the_other_token_counts(tmp_path):
     assert got.us["tensor_core_wgmma"] == (None, 12.0, None, None)
     assert "run B" in got.source and "run A" in got.source
     assert got.time("tensor_core", 32) == (20.0, "interpolated")
-    assert [p.name for p in tmp_path.iterdir()] == ["crossover.json"]  # written through a temporary, then renamed
+    assert [p.name for p in tmp_path.iterdir()] == ["timings.json"]  # written through a temporary, then renamed
     json.loads(path.read_text())
 
 
@@ -37,14 +37,14 @@ def test_merged_sources_name_each_run_once_with_the_token_counts_it_measured():
     """An entry's source after merges: one run's text when one run measured every token count; otherwise each run
     once, with its token counts, however many merges came before (the nested form earlier merges wrote included)."""
     a = entry([1, 16, 4096], {"tensor_core": [10.0, 20.0, 900.0]}, "run A")
-    same = crossover.merge_entry(a, entry([16], {"tensor_core": [21.0]}, "run A"))
+    same = timings.merge_entry(a, entry([16], {"tensor_core": [21.0]}, "run A"))
     assert same.source == "run A"
-    b = crossover.merge_entry(a, entry([16, 64], {"tensor_core": [15.0, 30.0]}, "run B"))
-    c = crossover.merge_entry(b, entry([1, 64], {"tensor_core": [9.0, 29.0]}, "run C"))
-    assert crossover.token_sources(c) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
+    b = timings.merge_entry(a, entry([16, 64], {"tensor_core": [15.0, 30.0]}, "run B"))
+    c = timings.merge_entry(b, entry([1, 64], {"tensor_core": [9.0, 29.0]}, "run C"))
+    assert timings.token_sources(c) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
     assert c.source == "tokens 1, 64: run C; tokens 16: run B; tokens 4096: run A"
     nested = entry([1, 16, 64, 4096], {"tensor_core": [1.0, 2.0, 3.0, 4.0]},
                    "run C; tokens 16, 4096: run B; tokens 4096: run A")  # fmt: skip
-    assert crossover.token_sources(nested) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
-    again = crossover.merge_entry(nested, entry([4096], {"tensor_core": [5.0]}, "run C"))
+    assert timings.token_sources(nested) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
+    again = timings.merge_entry(nested, entry([4096], {"tensor_core": [5.0]}, "run C"))
     assert again.source == "tokens 1, 64, 4096: run C; tokens 16: run B"

@@ -1,6 +1,6 @@
-"""Decode a weight held in the tensor-core GEMM's layout (b12x_core.tensor_core.layout: lane-ordered 1 KB tiles,
+"""Dequantize a weight held in the tensor-core GEMM's layout (b12x_core.tensor_core.layout: lane-ordered 1 KB tiles,
 row-blocked scale bytes) to bf16 [N, K], with the same values, operations and single rounding as
-tiles.dequantize_tiles on the checkpoint layout. So a plan that runs the tensor-core GEMM at small M and decode +
+tiles.dequantize_tiles on the checkpoint layout. So a plan that runs the tensor-core GEMM at small M and dequantize +
 cuBLAS at large M keeps one copy of the weight on the device (the repacked one) instead of two.
 
 Addressing (b12x_core.tensor_core.layout): byte i (0..63) of row n's chunk c sits in tile (n // 16, c), half
@@ -33,7 +33,7 @@ from .format_facts import (
 TILE_ROWS = 16  # the layout's row tile
 # A program's share (rows, chunks, warps): rows a power of two of row tiles (a Triton block). Four row tiles × one
 # chunk, 4 warps, is within 1% of the best of ten shapes for the FP4, FP8 and Q8_0 formats (a quarter faster than one
-# tile for NVFP4); IQ2's grid lookups run best at one tile (15% faster than four). `benchmarks/decode_pass.py
+# tile for NVFP4); IQ2's grid lookups run best at one tile (15% faster than four). `benchmarks/dequantize_pass.py
 # --programs 16x1x4,64x1x4,...` re-measures them on the 8B layer.
 DEFAULT_PROGRAM = (64, 1, 4)
 PROGRAM: dict[str, tuple[int, int, int]] = {"IQ2_XS": (16, 1, 4), "IQ2_XXS": (16, 1, 4)}  # by format, overrides
@@ -63,15 +63,15 @@ def _dequantize_mma(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, s
     kk = tl.arange(0, KB)[None, :]  # column within the chunk
     for j in tl.static_range(CPP):
         c_out = tl.program_id(1) * CPP + j
-        _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
-                      out_ptr, N, K, CHUNKS, tile, r, n, tl.minimum(c_out, CHUNKS - 1), c_out * KB + kk, kk, FMT, KB,
-                      META, META2, ROWS)  # fmt: skip
+        _dequantize_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr,
+                          row_factor_ptr, out_ptr, N, K, CHUNKS, tile, r, n, tl.minimum(c_out, CHUNKS - 1),
+                          c_out * KB + kk, kk, FMT, KB, META, META2, ROWS)  # fmt: skip
 
 
 @triton.jit
-def _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
-                  out_ptr, N, K, CHUNKS, tile, r, n, c, k, kk, FMT: tl.constexpr, KB: tl.constexpr,
-                  META: tl.constexpr, META2: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _dequantize_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sign_ptr, fields_ptr, row_factor_ptr,
+                      out_ptr, N, K, CHUNKS, tile, r, n, c, k, kk, FMT: tl.constexpr, KB: tl.constexpr,
+                      META: tl.constexpr, META2: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Rows n (tile, row r within it) of chunk c: columns k (kk within the chunk) -> out."""
     # byte 0 of row n's chunk c in the tile, and row n's scale bytes of chunk c
     tile_bytes = ((tile * CHUNKS + c) * 2 + r // 8) * 512 + (r % 8) * 64
@@ -141,8 +141,8 @@ def _decode_chunk(codes_ptr, meta_ptr, meta2_ptr, block_scale_ptr, grid_ptr, sig
 
 def dequantize_mma(fmt: str, codes, meta, meta2, block_scale, grid_table, sign_table, fields, row_factor, out,
                    chunk_k: int, chunks: int, program: tuple[int, int, int] | None = None) -> None:  # fmt: skip
-    """out [n, K] bf16 (row stride K, written) = the weight in tensor_core.layout's layout, decoded as
-    tiles.dequantize_tiles decodes the checkpoint layout, times row_factor [n] (float32: per-tensor factors).
+    """out [n, K] bf16 (row stride K, written) = the weight in tensor_core.layout's layout, dequantized as
+    tiles.dequantize_tiles dequantizes the checkpoint layout, times row_factor [n] (float32: per-tensor factors).
     meta / meta2 / block_scale / the IQ2 tables: None where the format has none; fields: int32 [16]
     (tensor_core.layout.E2M1_FIELDS) for the FP4 formats. program: (rows, chunks, warps) a program (rows a power of
     two of 16-row tiles), else the measured default."""

@@ -1,16 +1,16 @@
-"""The decode-to-bf16 pass of decode + cuBLAS (b12x_kernels.mma_decode.dequantize_mma: the tensor-core layout to a
-bf16 [N, K] workspace), per Llama-3.1-8B decoder layer, at several program shapes (rows, chunks, warps a Triton
+"""The dequantize-to-bf16 pass of dequantize + cuBLAS (b12x_kernels.mma_dequant.dequantize_mma: the tensor-core layout
+to a bf16 [N, K] workspace), per Llama-3.1-8B decoder layer, at several program shapes (rows, chunks, warps a Triton
 program) and as the CUDA pass (program "cuda": b12x_kernels.mma_dequantize, every format), against the copy
 bandwidth measured in the same run. Needs a CUDA GPU.
 
-    python benchmarks/decode_pass.py --out decode_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
-    ncu -k regex:_dequantize_mma python benchmarks/decode_pass.py --formats NVFP4 --programs 32x2x4 --once
-    python benchmarks/decode_pass.py --from-json "before=old.json,after=new.json" --png decode_pass.png   # no GPU
+    python benchmarks/dequantize_pass.py --out dequantize_pass.json [--formats NVFP4,FP8] [--programs 16x1x4,64x2x8]
+    ncu -k regex:_dequantize_mma python benchmarks/dequantize_pass.py --formats NVFP4 --programs 32x2x4 --once
+    python benchmarks/dequantize_pass.py --from-json "before=old.json,after=new.json" --png dequantize_pass.png # no GPU
 
-Why it matters: at large M the plan runs decode + cuBLAS, whose time is the bf16 GEMM's plus this pass, so the
-pass's distance from its floor (weight bytes read + bf16 bytes written, at copy bandwidth) is what the decode path
-loses to bf16 F.linear. Method as decode_linear.py: one CUDA graph decodes every linear of the layer from each of
-several weight copies (more than 4× L2) into one workspace per shape, replayed between CUDA events; per-layer time =
+Why it matters: at large M the plan runs dequantize + cuBLAS, whose time is the bf16 GEMM's plus this pass, so the
+pass's distance from its floor (weight bytes read + bf16 bytes written, at copy bandwidth) is what the dequantization
+path loses to bf16 F.linear. Method as decode_linear.py: one CUDA graph dequantizes every linear of the layer from each
+of several weight copies (more than 4× L2) into one workspace per shape, replayed between CUDA events; per-layer time =
 median replay / copies.
 """
 
@@ -28,7 +28,7 @@ from mma_linear import random_shard, shard_bytes
 import b12x_kernels
 from b12x_core.tensor_core import gemm, geometry, layout
 from b12x_core.weights import grid_table, sign_table
-from b12x_kernels import mma_decode
+from b12x_kernels import mma_dequant
 
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 FORMATS = "NVFP4,MXFP4,FP8,MXFP8,Q8_0,IQ2_XS,IQ2_XXS"
@@ -41,13 +41,13 @@ def main() -> None:
     parser.add_argument("--programs", default=PROGRAMS, help="rows x chunks x warps, comma-separated; 'cuda': the "
                         "CUDA pass (b12x_kernels.mma_dequantize)")  # fmt: skip
     parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--out", default="decode_pass.json")
-    parser.add_argument("--once", action="store_true", help="decode one layer once per program, untimed (for ncu)")
+    parser.add_argument("--out", default="dequantize_pass.json")
+    parser.add_argument("--once", action="store_true", help="dequantize one layer once per program, untimed (for ncu)")
     parser.add_argument("--from-json", default="", help="LABEL=run.json,... saved runs to plot (no GPU)")
     parser.add_argument("--png", default="", help="with --from-json: each format's % of copy, per run")
     args = parser.parse_args()
     if args.from_json:
-        plot([part.split("=", 1) for part in args.from_json.split(",")], args.png or "decode_pass.png")
+        plot([part.split("=", 1) for part in args.from_json.split(",")], args.png or "dequantize_pass.png")
         return
     started = time.time()
     bw = copy_bandwidth()
@@ -69,22 +69,22 @@ def main() -> None:
         best = None
         for program in programs:
 
-            def decode(i, program=program, layers=layers, grid=grid, signs=signs, fmt=fmt):
+            def dequantize(i, program=program, layers=layers, grid=grid, signs=signs, fmt=fmt):
                 for s in layers[i]:
                     out = outs[s.n, s.k]
-                    if program == "cuda":  # b12x_kernels.mma_dequantize over the GEMM's plan of the shard
-                        plan = s.plan(gemm.MmaConfig(1, 1), out.stride(0), row_scale=factors[s.n])
-                        b12x_kernels.mma_dequantize(plan, out.data_ptr(), torch.cuda.current_stream().cuda_stream)
+                    if program == "cuda":  # b12x_kernels.mma_dequantize over the GEMM's argument block of the shard
+                        args = s.args(gemm.MmaConfig(1, 1), out.stride(0), row_scale=factors[s.n])
+                        b12x_kernels.mma_dequantize(args, out.data_ptr(), torch.cuda.current_stream().cuda_stream)
                         continue
-                    mma_decode.dequantize_mma(fmt, s.codes, s.meta, s.meta2, s.block_scale, grid, signs, fields,
-                                              factors[s.n], out, geometry.chunk_k(fmt), s.chunks,
-                                              program=program)  # fmt: skip
+                    mma_dequant.dequantize_mma(fmt, s.codes, s.meta, s.meta2, s.block_scale, grid, signs, fields,
+                                               factors[s.n], out, geometry.chunk_k(fmt), s.chunks,
+                                               program=program)  # fmt: skip
 
             if args.once:
-                decode(0)
+                dequantize(0)
                 torch.cuda.synchronize()
                 continue
-            us = time_graph(decode, len(layers), args.replays)
+            us = time_graph(dequantize, len(layers), args.replays)
             name = program if program == "cuda" else "x".join(map(str, program))
             row = dict(format=fmt, program=name, us=us, floor_us=floor,
                        of_copy=floor / us, read_mb=read / 1e6, written_mb=written / 1e6)  # fmt: skip
@@ -124,7 +124,7 @@ def plot(runs: list[list[str]], png: str) -> None:
     ax.set_ylabel("% of copy bandwidth (best program)")
     ax.set_ylim(0, 100)
     ax.axhline(100, color="k", lw=0.5)
-    ax.set_title(f"decode-to-bf16 pass, Llama-3.1-8B layer, {loaded[0][1]['device']}")
+    ax.set_title(f"dequantize-to-bf16 pass, Llama-3.1-8B layer, {loaded[0][1]['device']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=120)

@@ -1,5 +1,5 @@
 """The measured times the plan picks from: per (compute capability, format, activation mode, shape class), each
-backend's µs per call at a set of token counts (committed in crossover.json, written by
+backend's µs per call at a set of token counts (committed in timings.json, written by
 `benchmarks/plan_check.py --emit-table` for linears and `benchmarks/moe.py --emit-table` for MoE layers). A GPU or
 key without measurements gets the conservative default plan (b12x_core.plan), which explain marks as such.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from b12x_formats.kernel_facts import SAME_LAYOUT
 
-TABLE = Path(__file__).with_name("crossover.json")
+TABLE = Path(__file__).with_name("timings.json")
 
 
 def shape_class(n: int, k: int) -> str:
