@@ -9,12 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/gpu_check.sh OUT [seconds] [moe shapes] [linear groups]}"
 total="${2:-540}" moe_shapes="${3:--}" linear_shapes="${4:--}"
-mkdir -p "$out"
-t0=$(date +%s)
-left() { echo $(( total - ($(date +%s) - t0) )); }
-say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-exec > >(tee -a "$out/run.log") 2>&1
 source tools/gpu_env.sh
+start_budget "$out"
 export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1 B12X_CUDA_ARCHS="${B12X_CUDA_ARCHS:-90}"
 say "full GPU suite (budget $(( $(left) - ${RESERVE_S:-60} )) s)"

@@ -26,3 +26,13 @@ install_kernels() {
     echo "build: $(( $(date +%s) - start )) s"
   fi
 }
+
+# A run within a time budget (gpu_check.sh, measure_tables.sh; `total` seconds, set before): start_budget OUT logs
+# everything to OUT/run.log too; `left` says the seconds the budget still holds, `say` prints with the seconds so far.
+start_budget() {
+  mkdir -p "$1"
+  t0=$(date +%s)
+  exec > >(tee -a "$1/run.log") 2>&1
+}
+left() { echo $(( total - ($(date +%s) - t0) )); }
+say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }

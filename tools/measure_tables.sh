@@ -21,12 +21,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: tools/measure_tables.sh OUT [seconds] [moe shapes] [linear shapes] [--no-tests]}"
 total="${2:-570}" moe_shapes="${3:-qwen3,gptoss}" linear_shapes="${4:-8b}" tests="${5:-}"
-mkdir -p "$out"
-t0=$(date +%s)
-left() { echo $(( total - ($(date +%s) - t0) )); }
-say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-exec > >(tee -a "$out/run.log") 2>&1
 source tools/gpu_env.sh
+start_budget "$out"
 export B12X_TEST_TIMES="$out/times.txt"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
