@@ -1,14 +1,14 @@
-// SM120 / SM121's block-scaled mma.sync, one device function per instruction b12x issues, each taking exactly the
-// instruction's registers:
+// SM120 / SM121's block-scaled mma.sync, one device function for every instruction b12x issues, each taking exactly
+// the instruction's registers; the instruction is a type of block_scaled_tables.h:
 //
-//   mma_nvfp4     .kind::mxf4nvf4 m16n8k64, e2m1 x e2m1, ue4m3 scales, scale_vec::4X (a scale per 16 elements)
-//   mma_mxf4      .kind::mxf4nvf4 m16n8k64, e2m1 x e2m1, ue8m0 scales, scale_vec::2X (a scale per 32 elements)
-//   mma_mxf8      .kind::mxf8f6f4 m16n8k32, e4m3 x e4m3, ue8m0 scales, scale_vec::1X
-//   mma_mxf4_mxf8 .kind::mxf8f6f4 m16n8k32, e2m1 x e4m3, ue8m0 scales, scale_vec::1X
+//   NVFP4     .kind::mxf4nvf4 m16n8k64, e2m1 x e2m1, ue4m3 scales, scale_vec::4X (a scale per 16 elements)
+//   MXF4      .kind::mxf4nvf4 m16n8k64, e2m1 x e2m1, ue8m0 scales, scale_vec::2X (a scale per 32 elements)
+//   MXF8      .kind::mxf8f6f4 m16n8k32, e4m3 x e4m3, ue8m0 scales, scale_vec::1X
+//   MXF4_MXF8 .kind::mxf8f6f4 m16n8k32, e2m1 x e4m3, ue8m0 scales, scale_vec::1X
 //
-//   template <int BYTE_ID_A, int THREAD_ID_A, int BYTE_ID_B, int THREAD_ID_B>
-//   void mma_x(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4], uint32_t sfa,
-//              uint32_t sfb);
+//   template <class I, int BYTE_ID_A, int THREAD_ID_A, int BYTE_ID_B, int THREAD_ID_B>
+//   void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4], uint32_t sfa,
+//            uint32_t sfb);
 //
 // d, a, b, c, sfa (scale-a-data) and sfb (scale-b-data) are the lane's registers of the PTX instruction; the
 // selectors {byte-id, thread-id} are template parameters, as the PTX takes them as immediates (Table 40's values
@@ -247,30 +247,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const
 }
 
 #undef B12X_BSMMA_ASM
-
-template <int BA = 0, int TA = 0, int BB = 0, int TB = 0>
-__device__ __forceinline__ void mma_nvfp4(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                          const float (&c)[4], uint32_t sfa, uint32_t sfb) {
-  mma<NVFP4, BA, TA, BB, TB>(d, a, b, c, sfa, sfb);
-}
-
-template <int BA = 0, int TA = 0, int BB = 0, int TB = 0>
-__device__ __forceinline__ void mma_mxf4(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                         const float (&c)[4], uint32_t sfa, uint32_t sfb) {
-  mma<MXF4, BA, TA, BB, TB>(d, a, b, c, sfa, sfb);
-}
-
-template <int BA = 0, int TA = 0, int BB = 0, int TB = 0>
-__device__ __forceinline__ void mma_mxf8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                         const float (&c)[4], uint32_t sfa, uint32_t sfb) {
-  mma<MXF8, BA, TA, BB, TB>(d, a, b, c, sfa, sfb);
-}
-
-template <int BA = 0, int TA = 0, int BB = 0, int TB = 0>
-__device__ __forceinline__ void mma_mxf4_mxf8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                              const float (&c)[4], uint32_t sfa, uint32_t sfb) {
-  mma<MXF4_MXF8, BA, TA, BB, TB>(d, a, b, c, sfa, sfb);
-}
 
 }  // namespace bsmma
 }  // namespace b12x

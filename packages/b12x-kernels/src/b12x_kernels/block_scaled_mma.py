@@ -397,26 +397,25 @@ def _check_scale_codes(instr: BlockScaledMma, codes: np.ndarray) -> None:
 
 def read_scales_a(instr: BlockScaledMma, sfa, byte_id_a=0, thread_id_a=0) -> np.ndarray:
     """scale-a-data registers [..., 32] and the selectors -> scale_A's codes [..., 16, K/block] (uint8)."""
-    byte_id, tid = _selectors(instr, byte_id_a, thread_id_a, instr.thread_ids_a, "a")
-    sfa = np.asarray(sfa).astype(np.int64)
-    batch = np.broadcast_shapes(sfa.shape[:-1], byte_id.shape, tid.shape)
-    lanes = np.broadcast_to(SCALE_A_LANE[tid], batch + (M,))
-    words = np.take_along_axis(np.broadcast_to(sfa, batch + (LANES,)), lanes, axis=-1)  # [..., 16]
-    shift = 8 * (byte_id[..., None, None] + np.arange(instr.scale_vec))  # [..., 1, nblk]
-    codes = ((words[..., :, None] >> shift) & 0xFF).astype(np.uint8)
-    _check_scale_codes(instr, codes)
-    return codes
+    return _read_scales(instr, sfa, byte_id_a, thread_id_a, "a")
 
 
 def read_scales_b(instr: BlockScaledMma, sfb, byte_id_b=0, thread_id_b=0) -> np.ndarray:
     """scale-b-data registers [..., 32] and the selectors -> scale_B's codes [..., K/block, 8] (uint8)."""
-    byte_id, tid = _selectors(instr, byte_id_b, thread_id_b, instr.thread_ids_b, "b")
-    sfb = np.asarray(sfb).astype(np.int64)
-    batch = np.broadcast_shapes(sfb.shape[:-1], byte_id.shape, tid.shape)
-    lanes = np.broadcast_to(SCALE_B_LANE[tid], batch + (N,))
-    words = np.take_along_axis(np.broadcast_to(sfb, batch + (LANES,)), lanes, axis=-1)  # [..., 8]
-    shift = 8 * (byte_id[..., None, None] + np.arange(instr.scale_vec)[:, None])  # [..., nblk, 1]
-    codes = ((words[..., None, :] >> shift) & 0xFF).astype(np.uint8)
+    return np.ascontiguousarray(np.swapaxes(_read_scales(instr, sfb, byte_id_b, thread_id_b, "b"), -1, -2))
+
+
+def _read_scales(instr: BlockScaledMma, regs, byte_id, thread_id, side: str) -> np.ndarray:
+    """One side's scale codes [..., rows of A or columns of B, K/block]: each row's (column's) word is read from the
+    lane the selectors name, its blocks from byte byte-id on."""
+    table, count, ids = (SCALE_A_LANE, M, instr.thread_ids_a) if side == "a" else (SCALE_B_LANE, N, instr.thread_ids_b)
+    byte_id, tid = _selectors(instr, byte_id, thread_id, ids, side)
+    regs = np.asarray(regs).astype(np.int64)
+    batch = np.broadcast_shapes(regs.shape[:-1], byte_id.shape, tid.shape)
+    lanes = np.broadcast_to(table[tid], batch + (count,))
+    words = np.take_along_axis(np.broadcast_to(regs, batch + (LANES,)), lanes, axis=-1)  # [..., count]
+    shift = 8 * (byte_id[..., None, None] + np.arange(instr.scale_vec))  # [..., 1, nblk]
+    codes = ((words[..., :, None] >> shift) & 0xFF).astype(np.uint8)
     _check_scale_codes(instr, codes)
     return codes
 
