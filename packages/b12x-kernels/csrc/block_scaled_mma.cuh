@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "block_scaled_tables.h"
+#include "static_for.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL)
 #define B12X_BSMMA_NATIVE 1
@@ -50,18 +51,6 @@ constexpr bool valid_selectors(int byte_id_a, int thread_id_a, int byte_id_b, in
 }
 
 namespace detail {
-
-template <class F, int... Is>
-__device__ __forceinline__ void static_for(F&& f, std::integer_sequence<int, Is...>) {
-  (f(std::integral_constant<int, Is>{}), ...);
-}
-
-// f(std::integral_constant<int, i>{}) for i = 0 .. N-1: every index a constant expression (table reads fold, register
-// arrays stay registers).
-template <int N, class F>
-__device__ __forceinline__ void static_for(F&& f) {
-  static_for(f, std::make_integer_sequence<int, N>{});
-}
 
 // (The host forms let the emulation run in a simulated warp on a CPU.)
 __device__ __forceinline__ int lane_id() {

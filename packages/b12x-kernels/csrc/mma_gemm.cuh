@@ -31,6 +31,7 @@
 
 #include "kernels.h"
 #include "launch.cuh"
+#include "static_for.cuh"
 
 namespace b12x {
 namespace mma {
@@ -117,15 +118,6 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {  // i is a compile-time constant
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-// f(std::integral_constant<int, 0>) ... f(<N-1>): register arrays stay indexed by constants.
-template <class Fn, int... I>
-__device__ __forceinline__ void static_for_impl(Fn&& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, class Fn>
-__device__ __forceinline__ void static_for(Fn&& f) {
-  static_for_impl(f, std::make_integer_sequence<int, N>{});
 }
 
 // E4M3 byte pair -> bf16x2 bit patterns worth value·2^-120 (the exponent field moves from 4 to 8 bits
