@@ -34,6 +34,7 @@ from safety_helpers import assert_clean_error, run_cli
 
 import b12x_formats as bf
 from b12x_formats.checkpoint import INDEX_NAME, save_checkpoint
+from b12x_formats.inspect import natural_key
 from b12x_formats.modelopt import QuantizationConfig
 
 torch = pytest.importorskip("torch")
@@ -333,9 +334,13 @@ def gguf_file(tmp_path_factory):
     reader = gguf.GGUFReader(path)
     # magic, version, tensor count, key/value count: 24 bytes; then the key/value pairs; then the tensor table
     kv_region = (24, reader.tensors[0].field.offset)
-    intact = [
-        (t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.n_bytes)) for t in reader.tensors
-    ]
+    intact = sorted(  # in the order inspect lists them (natural: layer 2 before layer 10)
+        [
+            (t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.n_bytes))
+            for t in reader.tensors
+        ],
+        key=lambda row: natural_key(row[0]),
+    )
     return path, kv_region, min(t.data_offset for t in reader.tensors), intact
 
 

@@ -1,5 +1,6 @@
 """The extension builds for every target arch and imports on a machine without a GPU."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,7 +39,29 @@ def cuobjdump(*args: str) -> str:
         tool = next((p for root in roots for p in Path(root).glob("*/bin/cuobjdump")), None)
     if tool is None:
         pytest.skip("cuobjdump not found")
-    return subprocess.run([str(tool), *args, b12x_kernels._C.__file__], capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if "-sass" in args:  # cuobjdump disassembles through nvdisasm, which its wheel lacks: Triton's wheel ships one
+        disasm = _nvdisasm(Path(tool).parent)
+        if disasm is None:
+            pytest.skip("nvdisasm not found (cuobjdump -sass needs it)")
+        env["PATH"] = f"{disasm.parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run([str(tool), *args, b12x_kernels._C.__file__], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, f"cuobjdump {' '.join(args)}: {done.stderr.strip()[-2000:]}"
+    return done.stdout
+
+
+def _nvdisasm(beside: Path) -> Path | None:
+    """nvdisasm on PATH, in the CUDA kit, beside cuobjdump, or in Triton's wheel."""
+    import importlib.util
+
+    found = shutil.which("nvdisasm")
+    if found:
+        return Path(found)
+    triton = importlib.util.find_spec("triton")
+    places = [Path("/usr/local/cuda/bin"), beside]
+    if triton and triton.submodule_search_locations:
+        places += [Path(p) / "backends/nvidia/bin" for p in triton.submodule_search_locations]
+    return next((p / "nvdisasm" for p in places if (p / "nvdisasm").is_file()), None)
 
 
 def test_fat_binary_holds_sm90_sm120a_sm121a():
