@@ -2,12 +2,14 @@
 (one activation mode each, as the fast tier picks), every MoE backend on every MoE format, the dispatched ops,
 on fixed seeded inputs: each tree runs in a process of its own and saves its outputs, then they are compared.
 
-    python tools/bit_identity.py OLD_ROOT NEW_ROOT [OLD_KERNELS]   # each ROOT holds packages/b12x-{formats,core}/src
+    python tools/bit_identity.py OLD_ROOT NEW_ROOT [OLD_KERNELS] [--renamed OLD=NEW ...]
+                                                        # each ROOT holds packages/b12x-{formats,core}/src
     python tools/bit_identity.py --emit OUT.pt          # (internal) this process's tree's outputs
 
 A refactor that moves code must leave every output equal bit for bit. The installed b12x_kernels
 serves the new tree; OLD_KERNELS (a `pip install --target` folder of the old tree's b12x_kernels) the old one,
-when the refactor changed the kernels' interface too.
+when the refactor changed the kernels' interface too. `--renamed OLD=NEW`: a backend the refactor renamed; its
+outputs are compared under the new name.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def emit(path: str) -> None:
     torch.save(outputs, path)
 
 
-def compare(old_root: str, new_root: str, old_kernels: str = "") -> int:
+def compare(old_root: str, new_root: str, old_kernels: str = "", renamed: dict[str, str] | None = None) -> int:
     import torch
 
     saved = []
@@ -84,10 +86,13 @@ def compare(old_root: str, new_root: str, old_kernels: str = "") -> int:
             subprocess.run([sys.executable, str(Path(__file__).resolve()), "--emit", out], env=env, check=True, cwd=tmp)
             saved.append(torch.load(out))
     old, new = saved
-    differ = [k for k in old if k in new and not torch.equal(old[k], new[k])]
+    for before, after in (renamed or {}).items():  # keys start with the backend's name
+        old = {(after + k[len(before) :] if k.split()[0] == before else k): v for k, v in old.items()}
+    both = [k for k in old if k in new]
+    differ = [k for k in both if not torch.equal(old[k], new[k])]
     missing = sorted(set(old) ^ set(new))
-    print(f"bit identity: {len(old) - len(differ)} of {len(old)} outputs equal; differ: {differ or 'none'}; "
-          f"only in one tree: {missing or 'none'}")  # fmt: skip
+    print(f"bit identity: {len(both) - len(differ)} of {len(both)} outputs of both trees equal; differ: "
+          f"{differ or 'none'}; only in one tree: {missing or 'none'}")  # fmt: skip
     return 1 if differ or missing else 0
 
 
@@ -95,4 +100,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "--emit":
         emit(sys.argv[2])
     else:
-        raise SystemExit(compare(*sys.argv[1:4]))
+        args = sys.argv[1:]
+        pairs = [args[i + 1] for i, a in enumerate(args) if a == "--renamed"]
+        roots = [a for i, a in enumerate(args) if a != "--renamed" and (i == 0 or args[i - 1] != "--renamed")]
+        raise SystemExit(compare(*roots[:3], renamed=dict(pair.split("=", 1) for pair in pairs)))
