@@ -66,7 +66,7 @@ LINEAR_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr"
                     "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
 DEQUANT_SIGNATURE = {"w_ptr": "*u8", "s_ptr": "*u8", "grid_ptr": "*i64", "sign_ptr": "*u8", "col_scale_ptr": "*fp32",
                      "out_ptr": "*bf16", "N": "i32", "K": "i32"}  # fmt: skip
-QUANT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "M": "i32", "K": "i32",
+QUANT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "M": "i32", "ROWS": "i32", "K": "i32",
                    "static_scale": "fp32", "SCALE_STRIDE_M": "i32", "SCALE_STRIDE_G": "i32"}  # fmt: skip
 MX_SIGNATURE = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "K": "i32", "global_scale": "fp32"}
 MMA_DEQUANT_SIGNATURE = {"codes_ptr": "*u8", "meta_ptr": "*u8", "meta2_ptr": "*u8", "block_scale_ptr": "*fp32",
@@ -110,12 +110,13 @@ def linear_kernels(arch: int, smem_kb: int) -> dict:
         out[f"dequantize_mma/{name}/sm_{arch}"] = (compile_for(mma_dequant._dequantize_mma, sig,
                                                                dict(const, ROWS=rows, CPP=cpp), arch,
                                                                num_warps=warps), smem_kb)  # fmt: skip
-    for mode, values in ((2, False), (1, True), (0, True)):  # block sizes as act_quant.quantize_fp8 launches them
+    # block sizes as act_quant.quantize_fp8 launches them; static codes with their scale column as ScaledMM asks
+    for mode, values, column in ((2, False, False), (1, True, False), (0, True, False), (0, False, True)):
         block_m, block_k = (1, act_quant.TOKEN_BLOCK_K) if mode == 1 else (16, tiles.BLOCK_K)
-        const = dict(MODE=mode, VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k)
+        const = dict(MODE=mode, STATIC_COLUMN=column, VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k)
         sig = dict(QUANT_SIGNATURE, q_ptr="*bf16" if values else "*u8")
-        out[f"quantize_fp8/{mode}/sm_{arch}"] = (compile_for(act_quant._quantize_fp8, sig, const, arch, num_warps=4),
-                                                 smem_kb)  # fmt: skip
+        name = f"quantize_fp8/{mode}{'/column' if column else ''}/sm_{arch}"
+        out[name] = (compile_for(act_quant._quantize_fp8, sig, const, arch, num_warps=4), smem_kb)
     for mode, group in ((0, 32), (1, 16)):
         const = dict(MODE=mode, GROUP=group, BLOCK_M=16, BLOCK_K=tiles.BLOCK_K)
         out[f"quantize/{mode}/sm_{arch}"] = (compile_for(act_quant._quantize, MX_SIGNATURE, const, arch, num_warps=4),

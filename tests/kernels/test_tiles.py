@@ -238,3 +238,59 @@ def test_fp8_quantization_kernel_is_bit_exact(rng, mode, device, k, m):
     assert torch.equal(q.cpu().view(torch.float8_e4m3fn).float(), codes.float())
     if scale is not None:
         assert torch.equal(scale.cpu(), row if row is not None else groups)
+
+
+@pytest.mark.parametrize("mode", ["fp8_static", "fp8_token", "fp8_group128"])
+@pytest.mark.parametrize("values", [False, True], ids=["codes", "values"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("m,rows", [(1, 16), (5, 16), (33, 48), (70, 80), (16, 16)])  # 70: one program a token
+def test_fp8_quantization_kernel_writes_padding_rows(rng, mode, values, device, m, rows):
+    """quantize_fp8(rows=...) in its one launch: rows < M as without it (fp8_operands, bit for bit), rows M..rows-1
+    as all-zero tokens (zero codes, unit scales; fp8_static's scale column holds its scale in every row). The
+    outputs are poisoned first, so a row the kernel skips fails; fp8_group128's scales are written through the
+    transposed (column-major) view BlockScaledMM hands it."""
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs without a GPU")
+    from b12x_core.activations import fp8_operands
+    from b12x_kernels import act_quant
+
+    k = 300  # a partial last 128-group
+    x = torch.from_numpy(rng.standard_normal((m, k)) * np.logspace(-3, 2, k)).to(torch.bfloat16)
+    static = float(np.float32(x.float().abs().max() / 448 / 2))
+    if values:
+        q = torch.full((rows, k), float("nan"), dtype=torch.bfloat16, device=device)
+    else:
+        q = torch.full((rows, k), 0xFF, dtype=torch.uint8, device=device)  # e4m3 NaN
+    if mode == "fp8_group128":
+        scale = torch.full((-(-k // 128), rows), float("nan"), device=device).t()  # column-major [rows, groups]
+    else:
+        scale = torch.full((rows, 1), float("nan"), device=device)
+    act_quant.quantize_fp8(x.to(device), mode, q, scale, static, rows=rows)
+    codes, row, groups = fp8_operands(x, mode, static)
+    got = q.cpu().float() if values else q.cpu().view(torch.float8_e4m3fn).float()
+    assert torch.equal(got[:m], codes.float())
+    assert torch.equal(got[m:], torch.zeros(rows - m, k))
+    scale = scale.cpu()
+    if mode == "fp8_static":
+        assert torch.equal(scale, torch.full((rows, 1), static))
+    else:
+        expect = row.reshape(m, 1) if row is not None else groups
+        assert torch.equal(scale[:m], expect)
+        assert torch.equal(scale[m:], torch.ones(rows - m, scale.shape[1]))
+
+
+def test_fp8_quantization_kernel_rejects_too_few_rows():
+    """rows below M, or outputs shorter than rows, stop before a launch (a kernel would drop tokens or write past
+    its buffers)."""
+    from b12x_kernels import act_quant
+
+    x = torch.zeros(5, 128, dtype=torch.bfloat16)
+    q, scale = torch.zeros(16, 128, dtype=torch.uint8), torch.zeros(16, 1)
+    with pytest.raises(ValueError, match=r"rows \(4\) must be at least the 5 tokens"):
+        act_quant.quantize_fp8(x, "fp8_token", q, scale, rows=4)
+    with pytest.raises(ValueError, match="fewer than the 32 rows"):
+        act_quant.quantize_fp8(x, "fp8_token", q, scale, rows=32)
+    with pytest.raises(ValueError, match="fewer than the 16 rows"):
+        act_quant.quantize_fp8(x, "fp8_token", q, scale[:8], rows=16)
+    with pytest.raises(ValueError, match="scale_out is required"):
+        act_quant.quantize_fp8(x, "fp8_group128", q, None, rows=16)

@@ -25,6 +25,6 @@ def test_triton_kernels_compile_and_fit_each_target():
     shared = json.loads(done.stdout.strip().splitlines()[-1])
     from b12x_formats.kernel_facts import LAYOUTS
 
-    assert len(shared) == 18 + 3 * len(LAYOUTS) + 5
+    assert len(shared) == 18 + 3 * len(LAYOUTS) + 6
     for kernel, (nbytes, smem_kb) in shared.items():
         assert 0 <= nbytes <= smem_kb * 1024, (kernel, nbytes)

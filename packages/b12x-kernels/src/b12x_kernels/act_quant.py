@@ -100,21 +100,25 @@ def _e4m3_code(r):
     return (code | tl.where(r < 0, 128, 0)).to(tl.uint8)
 
 
-@triton.jit(do_not_specialize=["M", "SCALE_STRIDE_M", "SCALE_STRIDE_G"])  # one compile per mode and layer
-def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, SCALE_STRIDE_G, MODE: tl.constexpr,
-                  VALUES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """MODE 0: static per-tensor scale (a program per BLOCK_M tokens × BLOCK_K columns); 1: per token (scale_ptr
-    [M]; a program per BLOCK_M tokens, all of K); 2: per token × 128 (scale_ptr [M, ⌈K/128⌉], BLOCK_K == 128, one
-    program per column group). VALUES: store each code's value as bf16 (exact) instead of
-    its uint8 code, for kernels that multiply bf16. Scales sit at scale_ptr + m·SCALE_STRIDE_M + g·SCALE_STRIDE_G
-    (row- or column-major, as the consuming GEMM wants)."""
+@triton.jit(do_not_specialize=["M", "ROWS", "SCALE_STRIDE_M", "SCALE_STRIDE_G"])  # one compile per mode and layer
+def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, ROWS, K, static_scale, SCALE_STRIDE_M, SCALE_STRIDE_G,
+                  MODE: tl.constexpr, STATIC_COLUMN: tl.constexpr, VALUES: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """MODE 0: static per-tensor scale (a program per BLOCK_M tokens × BLOCK_K columns; STATIC_COLUMN: also
+    static_scale into scale_ptr [ROWS] for every row); 1: per token (scale_ptr [ROWS]; a program per BLOCK_M tokens,
+    all of K); 2: per token × 128 (scale_ptr [ROWS, ⌈K/128⌉], BLOCK_K == 128, one program per column group).
+    VALUES: store each code's value as bf16 (exact) instead of its uint8 code, for kernels that multiply bf16.
+    Scales sit at scale_ptr + m·SCALE_STRIDE_M + g·SCALE_STRIDE_G (row- or column-major, as the consuming GEMM
+    wants). Rows M..ROWS-1 (padding a GEMM wants) are read as all-zero tokens, so the same rules write them:
+    zero codes, and an all-zero token's scale (1; fp8_static's own scale)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
+    m_in = offs_m < M  # rows read from x
+    m_ok = offs_m < ROWS  # rows written
     if MODE == 1:  # every program of a token walks its whole row for the amax, then codes its own K slice
         amax = tl.zeros((BLOCK_M,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_in[:, None] & (offs_k[None, :] < K),
                         other=0.0).to(tl.float32)  # fmt: skip
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         s = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
@@ -130,7 +134,7 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, S
     elif MODE == 2:
         k_first = tl.program_id(1) * BLOCK_K
         offs_k = k_first + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K),
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_in[:, None] & (offs_k[None, :] < K),
                     other=0.0).to(tl.float32)  # fmt: skip
         s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), tl.full((BLOCK_M,), E4M3_MAX, tl.float32))
         s = tl.where(s > 0, s, 1.0)
@@ -138,36 +142,54 @@ def _quantize_fp8(x_ptr, q_ptr, scale_ptr, M, K, static_scale, SCALE_STRIDE_M, S
         k_steps = BLOCK_K
     else:  # static: every element on its own, so programs split K too
         s = tl.full((BLOCK_M,), static_scale, tl.float32)
+        if STATIC_COLUMN:
+            if tl.program_id(1) == 0:
+                tl.store(scale_ptr + offs_m * SCALE_STRIDE_M, s, mask=m_ok)
         k_first = tl.program_id(1) * BLOCK_K
         k_steps = BLOCK_K
     for k0 in range(k_first, k_first + k_steps, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask = m_ok[:, None] & (offs_k[None, :] < K)
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        k_ok = offs_k[None, :] < K
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_in[:, None] & k_ok, other=0.0).to(tl.float32)
         q = _round_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
         if VALUES:
-            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], q.to(tl.bfloat16), mask=mask)
+            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], q.to(tl.bfloat16), mask=m_ok[:, None] & k_ok)
         else:
-            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], _e4m3_code(q), mask=mask)
+            tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], _e4m3_code(q), mask=m_ok[:, None] & k_ok)
 
 
-def quantize_fp8(x, mode: str, q_out, scale_out=None, static_scale: float = 1.0):
-    """e4m3 codes of x [M, K] bf16 into q_out (uint8 [M, K]: view it as float8_e4m3fn; or bf16 [M, K]: the codes'
-    values, exact), as b12x_core.activations.fp8_operands: mode "fp8_static" (static_scale), "fp8_token"
-    (scale_out [M] or [M, 1]) or "fp8_group128" (scale_out [M, ⌈K/128⌉], any strides: a transposed view gives the
-    column-major scales cuBLASLt's block-wise GEMM reads)."""
+def quantize_fp8(x, mode: str, q_out, scale_out=None, static_scale: float = 1.0, rows: int | None = None):
+    """e4m3 codes of x [M, K] bf16 into q_out (uint8 [rows, K]: view it as float8_e4m3fn; or bf16 [rows, K]: the
+    codes' values, exact), as b12x_core.activations.fp8_operands: mode "fp8_static" (static_scale; scale_out
+    [rows] or [rows, 1], optional, gets static_scale in every row: the row-wise scale column a GEMM reads),
+    "fp8_token" (scale_out [rows] or [rows, 1]) or "fp8_group128" (scale_out [rows, ⌈K/128⌉], any strides: a
+    transposed view gives the column-major scales cuBLASLt's block-wise GEMM reads).
+
+    rows (default M, at least M): the rows written, in the same single launch; rows M..rows-1 are quantized as
+    all-zero tokens (zero codes; scale 1, fp8_static's scale for fp8_static), the padding cuBLASLt's fp8 layouts
+    want."""
     modes = {"fp8_static": 0, "fp8_token": 1, "fp8_group128": 2}
     if mode not in modes:
         raise ValueError(f"quantize_fp8: mode must be one of {list(modes)}, got {mode!r}")
     m, k = x.shape
+    rows = m if rows is None else rows
+    if rows < m:
+        raise ValueError(f"quantize_fp8: rows ({rows}) must be at least the {m} tokens of x")
+    if q_out.shape[0] < rows or (scale_out is not None and scale_out.shape[0] < rows):
+        shapes = (tuple(q_out.shape), None if scale_out is None else tuple(scale_out.shape))
+        raise ValueError(f"quantize_fp8: outputs {shapes} hold fewer than the {rows} rows to write")
+    if mode != "fp8_static" and scale_out is None:
+        raise ValueError(f"quantize_fp8: {mode} writes scales: scale_out is required")
     group = FP8_BLOCK_SIZE.value  # fp8_group128's groups; the static mode steps by it too
     if mode == "fp8_token":  # programs per token: its amax needs the whole row; few tokens also split the codes
         slices = triton.cdiv(k, TOKEN_BLOCK_K) if m < TOKEN_SPLIT_BELOW else 1
-        block_m, block_k, grid = 1, TOKEN_BLOCK_K, (m, slices)
+        block_m, block_k, grid = 1, TOKEN_BLOCK_K, (rows, slices)
     else:  # a program per 16 tokens × 128 columns
-        block_m, block_k, grid = 16, group, (triton.cdiv(m, 16), triton.cdiv(k, group))
+        block_m, block_k, grid = 16, group, (triton.cdiv(rows, 16), triton.cdiv(k, group))
     values = q_out.element_size() == 2
+    column = mode == "fp8_static" and scale_out is not None
     strides = (0, 0) if scale_out is None else (scale_out.stride(0), scale_out.stride(1) if scale_out.dim() > 1 else 0)
-    _quantize_fp8[grid](x, q_out, q_out if scale_out is None else scale_out, m, k, static_scale, *strides,
-                        MODE=modes[mode], VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)  # fmt: skip
+    _quantize_fp8[grid](x, q_out, q_out if scale_out is None else scale_out, m, rows, k, static_scale, *strides,
+                        MODE=modes[mode], STATIC_COLUMN=column, VALUES=values, BLOCK_M=block_m, BLOCK_K=block_k,
+                        num_warps=4)  # fmt: skip
     return q_out
