@@ -294,3 +294,61 @@ def test_fp8_quantization_kernel_rejects_too_few_rows():
         act_quant.quantize_fp8(x, "fp8_token", q, scale[:8], rows=16)
     with pytest.raises(ValueError, match="scale_out is required"):
         act_quant.quantize_fp8(x, "fp8_group128", q, None, rows=16)
+
+
+def check_fp8_gemm_backends(rng, device, m):
+    """ScaledMM (fp8_static, fp8_token) and BlockScaledMM (fp8_group128) alone on fused shards of different
+    weight (and input) scales, the workspace poisoned first (a padding row the quantizer skips reads as NaN),
+    against the CPU reference, and the GEMM's padding rows (the output's base) exactly the bias; -> the backends
+    that ran."""
+    from b12x_core.backends.cublas import BlockScaledMM
+
+    k, n = 1024, 256  # K/128 a multiple of 4 and shards in whole 128-blocks (BlockScaledMM's layout rules)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    bias = torch.from_numpy(rng.standard_normal(2 * n).astype(np.float32)).to(torch.bfloat16)
+    ran = []
+    for fmt, with_scale, backend in (("FP8", True, ScaledMM), ("FP8", False, ScaledMM),
+                                     ("FP8_BLOCK", False, BlockScaledMM)):  # fmt: skip
+        parts = make_weight(rng, fmt, n, k, with_scale, x, shards=2)
+        query = bc.prepare_linear(parts, device=device, max_tokens=m, activation="fp8").plan.query
+        if (device == "cpu" and backend is BlockScaledMM) or (device == "cuda" and not backend.can_implement(query)[0]):
+            continue  # CPU: torch has row-wise scaled_mm there, not the block-wise one
+        single, ref = alone(backend, parts, "fp8", device, m, warm=False)
+        for b in (bias, None):
+            workspace.poison(torch.device(device))
+            y = single.for_tokens(m).run(x.to(device), None if b is None else b.to(device))
+            close(y, bc.linear(x, ref, b))
+            if y._base is not None:  # the GEMM's padded output: padding rows are zero codes, so bias (or 0) alone
+                pad = y._base[m:].float().cpu()
+                assert torch.equal(pad, torch.zeros_like(pad) + (0 if b is None else b.float())), backend.name
+        ran.append((backend.name, query.act_mode))
+    return ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the compiled kernels")
+@pytest.mark.parametrize("m", [1, 7, 16, 33])
+def test_interpreted_fp8_gemms_pad_in_the_quantizer(rng, m):
+    """On CPU, torch._scaled_mm runs row-wise scales (ScaledMM; the block-wise GEMM is CUDA's only)."""
+    ran = check_fp8_gemm_backends(rng, "cpu", m)
+    assert ("scaled_mm", "fp8_static") in ran and ("scaled_mm", "fp8_token") in ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 300])
+def test_gpu_fp8_gemms_pad_in_the_quantizer(rng, m):
+    """Decode- and prefill-sized calls, padded (7, 33, 300) and not (16), eagerly and replayed in a CUDA graph."""
+    from b12x_core.backends.cublas import BlockScaledMM
+
+    ran = check_fp8_gemm_backends(rng, "cuda", m)
+    assert ("scaled_mm", "fp8_static") in ran and ("scaled_mm", "fp8_token") in ran
+    parts = make_weight(rng, "FP8_BLOCK", 256, 1024, False, None, shards=2)
+    for backend, qw in ((ScaledMM, make_weight(rng, "FP8", 256, 1024, False, None)), (BlockScaledMM, parts)):
+        if backend.can_implement(bc.prepare_linear(qw, device="cuda", activation="fp8").plan.query)[0]:
+            single, _ = alone(backend, qw, "fp8", "cuda", m)
+            x = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
+            eager = single.for_tokens(m).run(x, None)
+            graph, out = capture(lambda single=single, x=x: single.for_tokens(m).run(x, None))
+            workspace.poison(torch.device("cuda"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager), backend.name

@@ -11,6 +11,10 @@
   row-wise scales.
 - `BlockScaledMM`: FP8_BLOCK weights with 1×128 fp8 activation groups: torch's block-wise scaled FP8 GEMM
   (`torch.nn.functional.scaled_mm`, ScalingType.BlockWise1x128 × BlockWise128x128, both scales column-major).
+
+Both fp8 GEMMs launch two kernels a call: the activation quantizer, which also writes the padding rows cuBLASLt's fp8
+layouts want (zero codes, unit or static scales), and the GEMM; any fill or copy between them would cost as much,
+inside a CUDA graph, as a good part of a decode-sized GEMM.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from b12x_formats.kernel_facts import FP8_BLOCK_SIZE
 from .. import kernels, workspace
 from ..tensor_core import geometry, layout
 from ..tensor_core.gemm import MmaConfig
-from ..weights import grid_table, sign_table
+from ..weights import grid_table, sign_table, weight_row_factors
 from . import operands
 from .base import Backend, cuda_reason
 
@@ -130,23 +134,36 @@ class ScaledMM(Backend):
     def __init__(self, query, weights):
         super().__init__(query, weights)
         self.stacked = weights.stacked
+        self.static_scale = operands.in_kernel_scale(query.act_mode, weights.input_scale)  # fp8_static's, else 0
+        if query.act_mode == "fp8_static":
+            # The quantizer hands the GEMM fp8_static's scale as scale_a (a column it writes in the same launch), so
+            # scale_b holds the weight's factors alone; the stacked col_scale, which carries the static scale for
+            # the backends that leave it out of the activations, would count it twice.
+            factors = np.ascontiguousarray(weight_row_factors(weights.shards), dtype=np.float32).reshape(1, -1)
+            self.scale_b = torch.from_numpy(factors).to(query.device.device)
+        else:
+            self.scale_b = weights.stacked.col_scale.reshape(1, -1)
 
     def scratch_bytes(self, tokens, config):
-        return workspace.nbytes(operands.fp8_specs(self.query.act_mode, tokens, self.query.k))
+        return workspace.nbytes(self._specs(tokens))
+
+    def _specs(self, tokens):
+        """e4m3 codes [rows, K] and the row-wise scale column [rows, 1], rows padded for cuBLASLt's fp8 layouts"""
+        rows = _pad(tokens)
+        return [((rows, self.query.k), torch.uint8), ((rows, 1), torch.float32)]
 
     def run(self, x2, bias, *, config):
+        """Two kernels: the activation quantizer (codes and each row's scale, fp8_static's scale or the token's,
+        padding rows included: zero codes) and cuBLASLt's GEMM. The output is a view of the GEMM's padded rows."""
+        from ..kernels import act_quant
+
         q = self.query
-        xq, token_scale, _ = operands.fp8_operands(x2.contiguous(), q.act_mode, self.weights.input_scale)
-        m = xq.shape[0]
-        pad = _pad(m) - m
-        ones = torch.ones(m + pad, 1, dtype=torch.float32, device=xq.device)
-        scale_a = ones if token_scale is None else torch.cat([token_scale, ones[m:, 0]]).reshape(-1, 1)
-        if pad:
-            xq = torch.cat([xq, torch.zeros(pad, q.k, dtype=xq.dtype, device=xq.device)])
+        m = x2.shape[0]
+        codes, scale_a = workspace.carve(x2.device, self._specs(m))
+        act_quant.quantize_fp8(x2.contiguous(), q.act_mode, codes, scale_a, self.static_scale, rows=codes.shape[0])
         bias = None if bias is None else bias.to(torch.bfloat16)
-        scale_b = self.stacked.col_scale.reshape(1, -1)
-        y = torch._scaled_mm(xq, self.stacked.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=bias,
-                             out_dtype=torch.bfloat16)  # fmt: skip
+        y = torch._scaled_mm(codes.view(torch.float8_e4m3fn), self.stacked.weight.t(), scale_a=scale_a,
+                             scale_b=self.scale_b, bias=bias, out_dtype=torch.bfloat16)  # fmt: skip
         return y[:m]
 
 
@@ -183,17 +200,17 @@ class BlockScaledMM(Backend):
         return [((rows, self.query.k), torch.uint8), ((self.query.k // FP8_BLOCK_SIZE, rows), torch.float32)]
 
     def run(self, x2, bias, *, config):
+        """Two kernels: the activation quantizer (codes and 1×128 scales, padding rows included) and cuBLASLt's
+        block-scaled GEMM; a third, the bias add, only with a bias."""
         from torch.nn.functional import ScalingType, scaled_mm
 
         from ..kernels import act_quant
 
-        m, rows = x2.shape[0], _pad(x2.shape[0])
+        m = x2.shape[0]
         codes, scales = workspace.carve(x2.device, self._specs(m))
         scale_a = scales.t()  # [rows, K/128], column-major: what BlockWise1x128 reads
-        act_quant.quantize_fp8(x2.contiguous(), "fp8_group128", codes[:m], scale_a[:m])
-        if rows > m:  # padding rows: zero codes, unit scales (their outputs are dropped)
-            codes[m:].zero_()
-            scales[:, m:].fill_(1.0)
+        # padding rows come out of the same launch: zero codes, unit scales (their outputs are dropped)
+        act_quant.quantize_fp8(x2.contiguous(), "fp8_group128", codes, scale_a, rows=codes.shape[0])
         y = scaled_mm(codes.view(torch.float8_e4m3fn), self.weight.t(), scale_a, ScalingType.BlockWise1x128,
                       self.scale_b, ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)  # fmt: skip
         y = y[:m]
