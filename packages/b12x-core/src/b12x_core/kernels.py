@@ -18,8 +18,9 @@ import b12x_kernels
 from b12x_kernels import interface
 
 __all__ = ["TRITON_MODULES", "built", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm",
-           "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "unavailable_reason",
-           "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
+           "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm",
+           "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "unavailable_reason", "wgmma_blocks_per_sm",
+           "wgmma_gemm"]  # fmt: skip
 
 TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
 
@@ -67,6 +68,23 @@ def mma_dequantize(args: bytes, *per_call, **kwargs) -> None:
 
 def wgmma_gemm(args: bytes, *per_call, **kwargs) -> None:
     b12x_kernels.wgmma_gemm(args, *per_call, **kwargs)
+
+
+def sm90_mixed_gemm(*args, **kwargs) -> None:
+    b12x_kernels.sm90_mixed_gemm(*args, **kwargs)
+
+
+def sm90_mixed_workspace_bytes(*args, **kwargs) -> int:
+    return b12x_kernels.sm90_mixed_workspace_bytes(*args, **kwargs)
+
+
+def sm90_mixed_reorder(*args, **kwargs) -> None:
+    b12x_kernels.sm90_mixed_reorder(*args, **kwargs)
+
+
+def sm90_mixed_built() -> bool:
+    """Whether the extension holds the Hopper CUTLASS GEMM (a build that targets sm_90 does)."""
+    return built() and b12x_kernels.sm90_mixed_built()
 
 
 def embedding_q8_0(*args) -> None:

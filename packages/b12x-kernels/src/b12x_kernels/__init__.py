@@ -81,6 +81,12 @@ def _needs_build(name: str):
 #       stream): SM12x's block-scaled mma.sync (kind: block_scaled_mma.kind_id) once per warp for each fragment of
 #       lane registers, a uint32 [fragments, 32, 4], b [.., 2], c and d float32 [.., 4], sfa and sfb uint32
 #       [fragments, 32]: the instruction on sm_120a / sm_121a, its emulation (block_scaled_mma's model) elsewhere
+#   sm90_mixed_gemm(weight, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace, workspace_bytes,
+#       stream): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a; csrc/sm90_mixed.h): y[m, n] =
+#       (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in its layout (sm90_mixed_reorder)
+#   sm90_mixed_workspace_bytes(weight, m, n, k, decomposition, sms): the scheduler's scratch for that shape
+#   sm90_mixed_reorder(weight, src, dst, n, k, stream): logical codes [n, k] -> the layout the kernel reads
+#   sm90_mixed_built(): whether this build holds those kernels (it targets sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
 mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
@@ -91,3 +97,7 @@ mma_dequantize = _C.mma_dequantize if _C else _needs_build("mma_dequantize")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")
 mma_smem_bytes = _C.mma_smem_bytes if _C else _needs_build("mma_smem_bytes")
 block_scaled_mma_probe = _C.block_scaled_mma_probe if _C else _needs_build("block_scaled_mma_probe")
+sm90_mixed_gemm = _C.sm90_mixed_gemm if _C else _needs_build("sm90_mixed_gemm")
+sm90_mixed_workspace_bytes = _C.sm90_mixed_workspace_bytes if _C else _needs_build("sm90_mixed_workspace_bytes")
+sm90_mixed_reorder = _C.sm90_mixed_reorder if _C else _needs_build("sm90_mixed_reorder")
+sm90_mixed_built = _C.sm90_mixed_built if _C else (lambda: False)

@@ -31,6 +31,7 @@ class DeviceInfo:
     kernels: str = ""  # why b12x_kernels' CUDA extension cannot run here ('' when it can)
     triton: str = ""  # why the Triton kernels cannot run here ('' when they can)
     block_scaled_mm: str = ""  # why torch's block-scaled FP8 GEMM cannot run here ('' when it can)
+    sm90_mixed: str = ""  # why the CUTLASS SM90 GEMM of b12x_kernels cannot run here ('' when it can)
 
     @property
     def arch(self) -> str:
@@ -57,6 +58,16 @@ def _triton_reason() -> str:
     return ""
 
 
+def _sm90_mixed_reason(capability: tuple[int, int]) -> str:
+    from .. import kernels
+
+    if capability != kernels.interface.SM90_MIXED_CAPABILITY:
+        return f"it runs sm_90a only: needs compute capability 9.0, this is sm_{capability[0]}{capability[1]}"
+    if kernels.built() and not kernels.sm90_mixed_built():
+        return "this build of b12x-kernels holds no sm_90a CUTLASS kernels (it did not target sm_90)"
+    return ""
+
+
 def _block_scaled_reason(capability: tuple[int, int]) -> str:
     functional = torch.nn.functional
     if not hasattr(functional, "scaled_mm") or not hasattr(getattr(functional, "ScalingType", None), "BlockWise1x128"):
@@ -70,11 +81,12 @@ def _block_scaled_reason(capability: tuple[int, int]) -> str:
 def _device_info(device: torch.device) -> DeviceInfo:
     if device.type != "cuda" or not torch.cuda.is_available():
         reason = f"needs a CUDA device, the op is on {device}" if device.type != "cuda" else "no CUDA device"
-        return DeviceInfo(device, kernels=reason, triton=reason, block_scaled_mm=reason)
+        return DeviceInfo(device, kernels=reason, triton=reason, block_scaled_mm=reason, sm90_mixed=reason)
     props = torch.cuda.get_device_properties(device)
     capability = (props.major, props.minor)
     return DeviceInfo(device, capability, props.multi_processor_count, props.shared_memory_per_block_optin // 1024,
-                      _kernels_reason(), _triton_reason(), _block_scaled_reason(capability))  # fmt: skip
+                      _kernels_reason(), _triton_reason(), _block_scaled_reason(capability),
+                      _sm90_mixed_reason(capability))  # fmt: skip
 
 
 @dataclass(frozen=True)

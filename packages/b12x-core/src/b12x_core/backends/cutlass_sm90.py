@@ -1,0 +1,129 @@
+"""The Hopper mixed-input GEMM on CUTLASS's SM90 pieces (b12x_kernels.sm90_mixed_gemm, csrc/sm90_mixed_gemm.cuh):
+TMA loads, a producer warp and two cooperative consumer warpgroups, wgmma with the weight converted to bf16 in
+registers, the persistent stream-K tile scheduler and CUTLASS's epilogue (per-row factor and bias, bf16 out).
+
+FP8, NVFP4 and MXFP4 weights (interface.SM90_MIXED) with the bf16-exact activation modes, compute capability 9.0,
+N and K multiples of 64. It holds its own layout of the weight ("sm90"): the codes reordered so each thread's
+fragment is one shared-memory load, and the block scales as one carrier per row and 64-deep k-tile ([K/64, N, 4 or 2
+bytes]). Late in the registry: the plan picks it only where a measured table says it is faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import kernels, workspace
+from ..kernels import interface
+from ..weights import stack
+from . import operands
+from .base import Backend, cuda_reason
+
+FAMILY = interface.SM90_MIXED
+TILE_K = interface.SM90_MIXED_TILE_K
+# The scheduler's split (interface.SM90_MIXED_DECOMPOSITIONS), a plan row's config: CUTLASS's heuristic chooses
+# data-parallel or stream-K per shape and SM count.
+DECOMPOSITION = "heuristic"
+
+
+def _decomposition(config) -> int:
+    return interface.SM90_MIXED_DECOMPOSITIONS.index(config["decomposition"])
+
+
+@dataclass
+class Sm90Weight:
+    """The "sm90" layout of one prepared linear: what sm90_mixed_gemm reads."""
+
+    codes: torch.Tensor  # uint8: the codes in the kernel's order (sm90_mixed_reorder)
+    scales: torch.Tensor | None  # uint8 [K/64, N, 64/group]: each row's block scales over each k-tile (FP4)
+    row_factor: torch.Tensor  # float32 [N]: the per-tensor factors (and a left-out activation scale)
+
+
+def tile_scales(block_scales: torch.Tensor, k: int) -> torch.Tensor:
+    """Block scales [N, K/group] (one byte each, row-major as checkpoints hold them) -> [K/64, N, 64/group]: one
+    carrier of a row's scales per k-tile, N fastest, as the kernel's TMA reads them."""
+    n, groups = block_scales.shape
+    per_tile = groups * TILE_K // k
+    return block_scales.reshape(n, k // TILE_K, per_tile).permute(1, 0, 2).contiguous()
+
+
+def prepare_sm90(query, weights) -> Sm90Weight:
+    """The layout from the checkpoint shards (stacked on the device for the reorder, then dropped)."""
+    q = query
+    stacked = stack(weights.shards, weights.act_mode, weights.input_scale, q.device.device)
+    src = stacked.weight.view(torch.uint8)
+    codes = torch.empty_like(src)
+    stream = torch.cuda.current_stream(q.device.device).cuda_stream
+    kernels.sm90_mixed_reorder(interface.SM90_MIXED_WEIGHTS[q.format], src.data_ptr(), codes.data_ptr(), q.n, q.k,
+                               stream)  # fmt: skip
+    scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), q.k)
+    return Sm90Weight(codes, scales, stacked.col_scale.contiguous())
+
+
+class CutlassSm90(Backend):
+    name, op = "cutlass_sm90", "linear"
+    reads = ("sm90",)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.format not in FAMILY.formats:
+            return False, f"converts {', '.join(FAMILY.formats)}, not {q.format}"
+        if q.act_mode not in FAMILY.act_modes:
+            return False, f"needs bf16-exact activations ({', '.join(FAMILY.act_modes)}), not {q.act_mode}"
+        if q.n % TILE_K or q.k % TILE_K:
+            return False, f"needs N and K multiples of {TILE_K}, got N={q.n}, K={q.k}"
+        why = cuda_reason(q, triton=q.act_mode != "bf16")
+        if why:
+            return False, why
+        if q.device.capability != interface.SM90_MIXED_CAPABILITY:
+            return False, f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
+        if q.device.sm90_mixed:
+            return False, q.device.sm90_mixed
+        return True, "CUTLASS SM90 mixed-input GEMM (TMA, warp-specialized wgmma, stream-K; weight in registers)"
+
+    def __init__(self, query, weights):
+        super().__init__(query, weights)
+        self.layout = weights.shared("sm90", lambda: prepare_sm90(query, weights))
+
+    @classmethod
+    def configs(cls, query, lo, hi, layout=None):
+        return [(lo, hi, {"decomposition": DECOMPOSITION})]
+
+    def _scheduler_bytes(self, tokens: int, config) -> int:
+        q = self.query
+        return kernels.sm90_mixed_workspace_bytes(interface.SM90_MIXED_WEIGHTS[q.format], tokens, q.n, q.k,
+                                                  _decomposition(config), q.device.sms)  # fmt: skip
+
+    def _specs(self, tokens: int, config, scheduler_bytes: int) -> list:
+        """The bf16 operands (modes other than bf16) and the scheduler's scratch (16 bytes at least: a pointer)."""
+        return operands.bf16_specs(self.query.act_mode, tokens, self.query.k) + [((max(scheduler_bytes, 16),),
+                                                                                 torch.uint8)]  # fmt: skip
+
+    def scratch_bytes(self, tokens, config):
+        # The scheduler's scratch follows the count of 128-token tiles, not monotonically (stream-K splits fewer
+        # tiles finer): the most over every tile count up to `tokens`.
+        tile = FAMILY.token_tiles[0]
+        most = max(self._scheduler_bytes(min(t, tokens), config) for t in range(tile, tokens + tile, tile))
+        return workspace.nbytes(self._specs(tokens, config, most))
+
+    def run(self, x2, bias, *, config):
+        q = self.query
+        m = x2.shape[0]
+        operand_specs = operands.bf16_specs(q.act_mode, m, q.k)
+        carved = workspace.carve(x2.device, self._specs(m, config, self._scheduler_bytes(m, config)))
+        xv, _ = operands.bf16_operands(x2.contiguous(), q.act_mode, self.weights.input_scale,
+                                       carved[: len(operand_specs)] or None)  # fmt: skip
+        xv = xv.contiguous()
+        y = torch.empty(m, q.n, dtype=torch.bfloat16, device=x2.device)
+        if bias is not None:
+            bias = bias.to(torch.bfloat16).contiguous()
+        lay, scratch = self.layout, carved[-1]
+        kernels.sm90_mixed_gemm(
+            interface.SM90_MIXED_WEIGHTS[q.format], m, q.n, q.k, lay.codes.data_ptr(),
+            0 if lay.scales is None else lay.scales.data_ptr(), xv.data_ptr(), y.data_ptr(),
+            lay.row_factor.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            _decomposition(config), q.device.sms, scratch.data_ptr(),
+            scratch.numel(), torch.cuda.current_stream(x2.device).cuda_stream,
+        )  # fmt: skip
+        return y

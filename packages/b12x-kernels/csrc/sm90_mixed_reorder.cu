@@ -1,0 +1,101 @@
+// The SM90 mixed-input GEMM's host side (sm90_mixed.h): argument rules, the dispatch to each weight kind's kernel
+// (sm90_mixed_<kind>.cu) and the prepare-time reorder of the codes into the layout those kernels read.
+#include <cstdint>
+
+#include "sm90_mixed.h"
+#include "sm90_mixed_layout.cuh"
+
+namespace b12x::sm90 {
+
+size_t mixed_workspace_e4m3(const MixedGemmArgs&);
+size_t mixed_workspace_nvfp4(const MixedGemmArgs&);
+size_t mixed_workspace_mxfp4(const MixedGemmArgs&);
+cudaError_t mixed_gemm_e4m3(const MixedGemmArgs&, void*, size_t, cudaStream_t);
+cudaError_t mixed_gemm_nvfp4(const MixedGemmArgs&, void*, size_t, cudaStream_t);
+cudaError_t mixed_gemm_mxfp4(const MixedGemmArgs&, void*, size_t, cudaStream_t);
+
+bool mixed_built() { return true; }
+
+const char* mixed_shape_error(const MixedGemmArgs& a) {
+  if (a.weight < int(MixedWeight::E4M3) || a.weight > int(MixedWeight::MXFP4)) return "unknown weight kind";
+  if (a.m < 1) return "needs m >= 1";
+  // The reordered layout tiles whole 64 x 16 fragments; the scale carriers and TMA boxes whole 64-deep k-tiles.
+  if (a.n < 64 || a.n % 64) return "needs N a positive multiple of 64";
+  if (a.k < kTileK || a.k % kTileK) return "needs K a positive multiple of 64";
+  if (a.decomposition < 0 || a.decomposition > 2) return "unknown decomposition";
+  if (a.sms < 1) return "needs sms >= 1";
+  return nullptr;
+}
+
+const char* mixed_args_error(const MixedGemmArgs& a) {
+  if (const char* error = mixed_shape_error(a)) return error;
+  if (!a.w || !a.x || !a.y || !a.alpha) return "null weight, x, y or alpha";
+  if (a.weight != int(MixedWeight::E4M3) && !a.scales) return "this weight kind needs its block scales";
+  // TMA: 16-byte aligned bases
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(a.w) || misaligned(a.x) || misaligned(a.y) || misaligned(a.alpha) || misaligned(a.scales) ||
+      misaligned(a.bias)) {
+    return "weight, scales, x, y, alpha and bias need 16-byte alignment";
+  }
+  return nullptr;
+}
+
+size_t mixed_workspace_bytes(const MixedGemmArgs& a) {
+  switch (MixedWeight(a.weight)) {
+    case MixedWeight::E4M3: return mixed_workspace_e4m3(a);
+    case MixedWeight::NVFP4: return mixed_workspace_nvfp4(a);
+    case MixedWeight::MXFP4: return mixed_workspace_mxfp4(a);
+  }
+  return 0;
+}
+
+cudaError_t mixed_gemm(const MixedGemmArgs& a, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  switch (MixedWeight(a.weight)) {
+    case MixedWeight::E4M3: return mixed_gemm_e4m3(a, workspace, workspace_bytes, stream);
+    case MixedWeight::NVFP4: return mixed_gemm_nvfp4(a, workspace, workspace_bytes, stream);
+    case MixedWeight::MXFP4: return mixed_gemm_mxfp4(a, workspace, workspace_bytes, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Every logical element (n, k) goes to the offset the kernel's layout gives it. 4-bit codes are OR-ed into a zeroed
+// destination a 32-bit word at a time, so two threads writing the two halves of one byte do not race.
+template <int kBits, class Layout>
+__global__ void reorder_codes(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int n, int k, Layout layout) {
+  const int64_t total = int64_t(n) * k;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int row = int(i / k), col = int(i % k);
+    const int64_t to = int64_t(layout(row, col, 0));
+    if constexpr (kBits == 8) {
+      dst[to] = src[i];
+    } else {
+      const uint32_t code = (src[i >> 1] >> ((i & 1) * 4)) & 0xFu;
+      atomicOr(reinterpret_cast<unsigned int*>(dst) + (to >> 3), code << ((to & 7) * 4));
+    }
+  }
+}
+
+template <class Codes>
+static cudaError_t reorder_as(const void* src, void* dst, int n, int k, cudaStream_t stream) {
+  constexpr int bits = cutlass::sizeof_bits<Codes>::value;
+  const auto layout = WeightLayout<Codes>::of(n, k);
+  if (int64_t(cute::cosize(layout)) != int64_t(n) * k) return cudaErrorInvalidValue;
+  if (bits == 4) {
+    const cudaError_t e = cudaMemsetAsync(dst, 0, size_t(n) * k / 2, stream);
+    if (e != cudaSuccess) return e;
+  }
+  reorder_codes<bits><<<1024, 256, 0, stream>>>(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, k,
+                                               layout);
+  return cudaGetLastError();
+}
+
+cudaError_t mixed_reorder(int weight, const void* src, void* dst, int n, int k, cudaStream_t stream) {
+  if (n < 64 || n % 64 || k < kTileK || k % kTileK || !src || !dst || src == dst) return cudaErrorInvalidValue;
+  if (weight == int(MixedWeight::E4M3)) return reorder_as<cutlass::float_e4m3_t>(src, dst, n, k, stream);
+  if (weight == int(MixedWeight::NVFP4) || weight == int(MixedWeight::MXFP4)) {
+    return reorder_as<cutlass::float_e2m1_t>(src, dst, n, k, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace b12x::sm90

@@ -1,0 +1,160 @@
+"""The Hopper mixed-input GEMM on CUTLASS's SM90 pieces (b12x_kernels.sm90_mixed_gemm, csrc/sm90_mixed_gemm.cuh;
+the cutlass_sm90 backend).
+
+On CPU: the block-scale carriers' relayout against a loop; the backend declines what it cannot run, with the reason;
+the binding refuses shapes before any CUDA call. On an sm_90 GPU (marked gpu): FP8, NVFP4 and MXFP4 weights of two
+fused shards with their own per-tensor factors, N a multiple of 64 but not of the 128-row tile, K a multiple of 64 but
+not of 128, M in {1, 7, 64, 300, 1024}, bias on and off, every scheduler split (data-parallel, CUTLASS's heuristic,
+stream-K), outputs and scratch poisoned first, against the b12x-core reference (closeness.py); repeats bit-identical;
+CUDA graph replay with new inputs (the stream-K barriers zeroed in the graph)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from closeness import close
+from test_tiles import alone, make_weight
+
+import b12x_core as bc
+from b12x_core import kernels, workspace
+from b12x_core.backends import DeviceInfo, Query
+from b12x_core.backends.cutlass_sm90 import CutlassSm90, tile_scales
+from b12x_kernels import interface
+
+FORMATS = list(interface.SM90_MIXED.formats)
+MS = [1, 7, 64, 300, 1024]
+N, K = 320, 576  # two shards of 160 rows: neither a multiple of the 128-row tile; K: 9 k-tiles, not a multiple of 128
+
+
+def _h100(capability=(9, 0), **facts) -> DeviceInfo:
+    return DeviceInfo(torch.device("cuda", 0), capability, 132, 227, **facts)
+
+
+def _query(fmt="NVFP4", act_mode="bf16", n=N, k=K, device=None) -> Query:
+    return Query("linear", fmt, act_mode, act_mode, device or _h100(), n=n, k=k, max_tokens=64)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_tile_scales_put_each_rows_tile_scales_together(rng, group):
+    n, k = 192, 640
+    block = torch.from_numpy(rng.integers(0, 256, (n, k // group), dtype=np.uint8))
+    tiled = tile_scales(block, k)
+    per_tile = 64 // group
+    assert tiled.shape == (k // 64, n, per_tile) and tiled.is_contiguous()
+    for t in range(k // 64):
+        for row in range(0, n, 37):
+            for i in range(per_tile):
+                assert tiled[t, row, i] == block[row, t * per_tile + i]
+
+
+@pytest.mark.parametrize(
+    "query,why",
+    [
+        (_query(fmt="Q8_0"), "converts FP8, NVFP4, MXFP4, not Q8_0"),
+        (_query(act_mode="fp8_token"), "needs bf16-exact activations"),
+        (_query(n=96), "needs N and K multiples of 64"),
+        (_query(k=96), "needs N and K multiples of 64"),
+        (_query(device=_h100((12, 0))), "needs compute capability 9.0"),
+        (_query(device=_h100(sm90_mixed="this build of b12x-kernels holds none")), "holds none"),
+        (_query(device=DeviceInfo.of(torch.device("cpu"))), "needs a CUDA device"),
+    ],
+)
+def test_backend_declines_with_the_reason(query, why):
+    ok, reason = CutlassSm90.can_implement(query)
+    assert not ok and why in reason
+
+
+def test_backend_takes_what_it_converts():
+    for fmt in FORMATS:
+        for act_mode in interface.SM90_MIXED.act_modes:
+            ok, reason = CutlassSm90.can_implement(_query(fmt=fmt, act_mode=act_mode))
+            assert ok, (fmt, act_mode, reason)
+
+
+@pytest.mark.skipif(not kernels.sm90_mixed_built(), reason="the extension holds no sm_90a CUTLASS kernels")
+@pytest.mark.parametrize(
+    "shape,why",
+    [
+        (dict(weight=7), "unknown weight kind"),
+        (dict(m=0), "m >= 1"),
+        (dict(n=96), "N a positive multiple of 64"),
+        (dict(k=32), "K a positive multiple of 64"),
+        (dict(decomposition=3), "unknown decomposition"),
+        (dict(sms=0), "sms >= 1"),
+    ],
+)
+def test_binding_refuses_bad_shapes_before_cuda(shape, why):
+    args = dict(weight=1, m=8, n=128, k=128, decomposition=1, sms=132) | shape
+    with pytest.raises(ValueError, match=why):
+        kernels.sm90_mixed_workspace_bytes(**args)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def _sm90_here() -> DeviceInfo:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = DeviceInfo.of(torch.device("cuda", 0))
+    ok, why = CutlassSm90.can_implement(_query(device=device))
+    if not ok:
+        pytest.skip(f"cutlass_sm90 cannot run here: {why}")
+    return device
+
+
+def _activation(fmt: str) -> list[str]:
+    """bf16, and a quantized mode bf16 holds exactly where the format has one."""
+    return ["bf16", {"NVFP4": "nvfp4", "MXFP4": "mxfp8", "FP8": "fp8_static"}[fmt]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decomposition", interface.SM90_MIXED_DECOMPOSITIONS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_the_reference(rng, fmt, decomposition):
+    _sm90_here()
+    x = torch.from_numpy(rng.standard_normal((max(MS), K)).astype(np.float32)).to(torch.bfloat16)
+    for activation in _activation(fmt):
+        scaled = activation != "bf16"
+        shards = make_weight(rng, fmt, N // 2, K, scaled, x, shards=2)
+        gpu, ref = alone(CutlassSm90, shards, activation, "cuda", max(MS))
+        bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16)
+        for m in MS:
+            row = gpu.for_tokens(m)
+            config = row.config | {"decomposition": decomposition}
+            for b in (bias, None):
+                workspace.poison(torch.device("cuda"))  # the scheduler's scratch and operands: written before read
+                y = row.backend.run(x[:m].cuda(), None if b is None else b.cuda(), config=config)
+                assert y.shape == (m, N)
+                close(y, bc.linear(x[:m], ref, b))
+                again = row.backend.run(x[:m].cuda(), None if b is None else b.cuda(), config=config)
+                assert torch.equal(again, y), (fmt, activation, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_graph_replay_with_new_inputs(rng, fmt):
+    _sm90_here()
+    m = 300
+    xs = [torch.from_numpy(rng.standard_normal((m, K)).astype(np.float32)).to(torch.bfloat16) for _ in range(2)]
+    shards = make_weight(rng, fmt, N // 2, K, False, xs[0], shards=2)
+    gpu, ref = alone(CutlassSm90, shards, "bf16", "cuda", m)
+    row = gpu.for_tokens(m)
+    config = row.config | {"decomposition": "stream_k"}  # the split whose barriers must be zeroed each replay
+    static_x = xs[0].cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        row.backend.run(static_x, None, config=config)  # warm: the kernel's attributes, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_y = row.backend.run(static_x, None, config=config)
+    for x in xs:
+        static_x.copy_(x.cuda())
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        close(static_y, bc.linear(x, ref))
