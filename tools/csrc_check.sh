@@ -7,9 +7,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../packages/b12x-kernels"
 [ $# -gt 0 ] && files=("$@") || files=(csrc/*.cu)
 log=$(mktemp -d)
+# CUTLASS's headers for csrc/sm90_mixed_*.cu: B12X_CUTLASS_DIR, else the nvidia-cutlass wheel of this Python
+cutlass="${B12X_CUTLASS_DIR:-$(python3 -c "import importlib.util as u, os; s = u.find_spec('cutlass_library'); \
+print(os.path.join(os.path.dirname(s.origin), 'source') if s else '')" 2> /dev/null)}"
+export B12X_CUTLASS_FLAGS="-I$cutlass/include -I$cutlass/tools/util/include"
 printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -I{} sh -c \
-  'nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icsrc --cuda -o /dev/null {} > "$0/$(basename {}).log" 2>&1 \
-     || echo "FAILED {}" >> "$0/failed"' "$log"
+  'nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icsrc $B12X_CUTLASS_FLAGS -DNDEBUG --cuda -o /dev/null {} \
+     > "$0/$(basename {}).log" 2>&1 || echo "FAILED {}" >> "$0/failed"' "$log"
 if [ -s "$log/failed" ]; then
   cat "$log"/*.log | grep -E "error" | sort -u | head -40
   cat "$log/failed"

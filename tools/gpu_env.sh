@@ -1,12 +1,19 @@
 # Sourced by the GPU scripts (gpu_tests.sh, gpu_check.sh, measure_tables.sh, kernel_ab.sh, kernel_profile.sh): what a
 # GPU machine without network access needs besides its own Python and CUDA.
-# - Python packages brought as wheels in .whl/ (gguf: the tests' oracle), installed under /tmp/site.
+# - Python packages brought as wheels in .whl/ (gguf: the tests' oracle; nvidia-cutlass: CUTLASS's headers for a
+#   source build), installed under /tmp/site.
 # - install_kernels: b12x-kernels from B12X_WHEEL (a wheel built earlier for this Python; default: the cp312 one in
 #   .whl/) when it imports here, with the tree's Python modules over the wheel's, otherwise built from the tree
 #   (B12X_CUDA_ARCHS, CMAKE_BUILD_PARALLEL_LEVEL).
 if ls .whl/gguf-*.whl > /dev/null 2>&1 && ! python3 -c "import gguf" 2> /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# CUTLASS's headers for a source build of the extension (the nvidia-cutlass wheel; pip's build isolation would fetch it)
+if ls .whl/nvidia_cutlass-*.whl > /dev/null 2>&1 && [ -z "${B12X_CUTLASS_DIR:-}" ]; then
+  [ -d /tmp/site/cutlass_library ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site .whl/nvidia_cutlass-*.whl
+  export B12X_CUTLASS_DIR=/tmp/site/cutlass_library/source
 fi
 export B12X_WHEEL="${B12X_WHEEL:-$(ls .whl/b12x_kernels-*cp312*.whl 2> /dev/null | head -1)}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"

@@ -19,10 +19,11 @@ from test_tiles import alone, make_weight
 import b12x_core as bc
 from b12x_core import kernels, workspace
 from b12x_core.backends import DeviceInfo, Query
-from b12x_core.backends.cutlass_sm90 import CutlassSm90, tile_scales
+from b12x_core.backends.cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint, tile_scales
 from b12x_kernels import interface
 
 FORMATS = list(interface.SM90_MIXED.formats)
+FORMS = [CutlassSm90, CutlassSm90Checkpoint]  # the reordered layout, the checkpoint's
 MS = [1, 7, 64, 300, 1024]
 N, K = 320, 576  # two shards of 160 rows: neither a multiple of the 128-row tile; K: 9 k-tiles, not a multiple of 128
 
@@ -63,15 +64,17 @@ def test_tile_scales_put_each_rows_tile_scales_together(rng, group):
         (_query(device=DeviceInfo.of(torch.device("cpu"))), "needs a CUDA device"),
     ],
 )
-def test_backend_declines_with_the_reason(query, why):
-    ok, reason = CutlassSm90.can_implement(query)
+@pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
+def test_backend_declines_with_the_reason(form, query, why):
+    ok, reason = form.can_implement(query)
     assert not ok and why in reason
 
 
-def test_backend_takes_what_it_converts():
+@pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
+def test_backend_takes_what_it_converts(form):
     for fmt in FORMATS:
         for act_mode in interface.SM90_MIXED.act_modes:
-            ok, reason = CutlassSm90.can_implement(_query(fmt=fmt, act_mode=act_mode))
+            ok, reason = form.can_implement(_query(fmt=fmt, act_mode=act_mode))
             assert ok, (fmt, act_mode, reason)
 
 
@@ -88,9 +91,30 @@ def test_backend_takes_what_it_converts():
     ],
 )
 def test_binding_refuses_bad_shapes_before_cuda(shape, why):
-    args = dict(weight=1, m=8, n=128, k=128, decomposition=1, sms=132) | shape
+    args = dict(weight=1, reordered=True, m=8, n=128, k=128, decomposition=1, sms=132) | shape
     with pytest.raises(ValueError, match=why):
         kernels.sm90_mixed_workspace_bytes(**args)
+
+
+@pytest.mark.skipif(not kernels.sm90_mixed_built(), reason="the extension holds no sm_90a CUTLASS kernels")
+def test_kernels_are_sm90a_only_and_keep_their_values_in_registers():
+    """One CUTLASS kernel per weight kind, in the sm_90a code only, none with a stack frame or local memory (a spill,
+    or a device assert left in: a call inside the mainloop also serializes its wgmmas)."""
+    from test_build import cuobjdump
+
+    arch, current, kernels_seen = "", None, {}
+    for line in cuobjdump("-res-usage").splitlines():
+        if line.startswith("arch = "):
+            arch = line.split()[-1]
+        elif line.strip().startswith("Function "):
+            current = line.strip() if "GemmUniversal" in line else None
+            if current:
+                kernels_seen[current] = arch
+        elif "REG:" in line and current:
+            usage = dict(field.split(":") for field in line.split())
+            assert usage["STACK"] == "0" and usage["LOCAL"] == "0", f"{arch} {current[:120]} {line.strip()}"
+    assert len(kernels_seen) == len(interface.SM90_MIXED_WEIGHTS) * len(FORMS), kernels_seen
+    assert set(kernels_seen.values()) == {"sm_90a"}, kernels_seen
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -114,13 +138,14 @@ def _activation(fmt: str) -> list[str]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("decomposition", interface.SM90_MIXED_DECOMPOSITIONS)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_matches_the_reference(rng, fmt, decomposition):
+@pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
+def test_matches_the_reference(rng, form, fmt, decomposition):
     _sm90_here()
     x = torch.from_numpy(rng.standard_normal((max(MS), K)).astype(np.float32)).to(torch.bfloat16)
     for activation in _activation(fmt):
         scaled = activation != "bf16"
         shards = make_weight(rng, fmt, N // 2, K, scaled, x, shards=2)
-        gpu, ref = alone(CutlassSm90, shards, activation, "cuda", max(MS))
+        gpu, ref = alone(form, shards, activation, "cuda", max(MS))
         bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16)
         for m in MS:
             row = gpu.for_tokens(m)
@@ -136,12 +161,13 @@ def test_matches_the_reference(rng, fmt, decomposition):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_graph_replay_with_new_inputs(rng, fmt):
+@pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
+def test_graph_replay_with_new_inputs(rng, form, fmt):
     _sm90_here()
     m = 300
     xs = [torch.from_numpy(rng.standard_normal((m, K)).astype(np.float32)).to(torch.bfloat16) for _ in range(2)]
     shards = make_weight(rng, fmt, N // 2, K, False, xs[0], shards=2)
-    gpu, ref = alone(CutlassSm90, shards, "bf16", "cuda", m)
+    gpu, ref = alone(form, shards, "bf16", "cuda", m)
     row = gpu.for_tokens(m)
     config = row.config | {"decomposition": "stream_k"}  # the split whose barriers must be zeroed each replay
     static_x = xs[0].cuda()

@@ -35,6 +35,7 @@ struct MixedGemmArgs {
   const float* alpha = nullptr;  // float32 [n]
   const void* bias = nullptr;    // bf16 [n] or null
   int decomposition = 1;         // Decomposition
+  int reordered = 1;             // 1: w in sm90_mixed_reorder's layout; 0: the checkpoint's (K-major rows)
   int sms = 0;                   // SMs the persistent grid covers (the device's count)
 };
 

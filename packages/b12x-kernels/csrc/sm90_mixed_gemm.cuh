@@ -103,6 +103,30 @@ struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t,
   }
 };
 
+// e2m1 -> bf16 for 8 codes in natural order (the checkpoint's: code j in nibble j), as above: byte i holds codes 2i
+// and 2i + 1, spread to the two halves of a register.
+template <>
+struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t, cute::Layout<cute::_8>, cute::Layout<cute::_8>> {
+  template <class EngineIn, class EngineOut>
+  CUTLASS_DEVICE static void convert(cute::Tensor<EngineIn, cute::Layout<cute::_8>> const& src,
+                                     cute::Tensor<EngineOut, cute::Layout<cute::_8>>& dst) {
+    using DstArray = cutlass::Array<cutlass::bfloat16_t, 8>;
+    using RegArray = cutlass::AlignedArray<uint32_t, 4, sizeof(DstArray)>;
+    const uint32_t codes = cute::recast<uint32_t>(src)(0);
+    auto&& r = cute::recast<RegArray>(dst)(0);
+    const __nv_bfloat162 two126 = __nv_bfloat162(__nv_bfloat162_raw{0x7e80, 0x7e80});
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t byte = codes >> (8 * i);
+      const uint32_t pair = (byte & 0xfu) | ((byte & 0xf0u) << 12);
+      uint32_t bits = ((pair & 0x00070007u) << 6) | ((pair & 0x00080008u) << 12);
+      __nv_bfloat162& v = reinterpret_cast<__nv_bfloat162&>(bits);
+      v = __hmul2(v, two126);
+      r[i] = bits;
+    }
+  }
+};
+
 }  // namespace cutlass
 
 namespace cutlass::gemm::collective::detail {
@@ -200,8 +224,9 @@ using MixedEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
 // What the mainloop's stages leave for the epilogue (named here for the same reason)
 constexpr int kMixedEpilogueSmem = static_cast<int>(sizeof(MixedEpilogue::SharedStorage));
 
-// One kernel: the weight's codes (cutlass::float_e4m3_t or float_e2m1_t) and block-scale carrier (void: none).
-template <class Codes, class Scales>
+// One kernel: the weight's codes (cutlass::float_e4m3_t or float_e2m1_t), block-scale carrier (void: none) and
+// layout (sm90_mixed_layout.cuh).
+template <class Codes, class Scales, bool kReordered>
 struct MixedGemm {
   using ElementX = cutlass::bfloat16_t;
   using ElementY = cutlass::bfloat16_t;
@@ -217,13 +242,13 @@ struct MixedGemm {
   // B = X (M x K, K-major: "column-major B"), D = Y^T (N x M column-major).
   using LayoutX = cutlass::layout::ColumnMajor;
   using LayoutD = cutlass::layout::ColumnMajor;
-  using WLayout = WeightLayout<Codes>;
+  using WLayout = WeightLayout<Codes, kReordered>;
 
   using EpilogueOp = MixedEpilogue;
 
   using MainloopW = cute::conditional_t<kScaled, cute::tuple<Codes, Scales>, Codes>;
   using MainloopOp = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, MainloopW, typename WLayout::Kernel, kAlignW, ElementX,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, MainloopW, typename WLayout::Builder, kAlignW, ElementX,
       LayoutX, kAlign16, ElementAcc, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kMixedEpilogueSmem>,
       KernelSchedule>::CollectiveOp;
@@ -295,10 +320,11 @@ struct MixedGemm {
 }  // namespace b12x::sm90
 
 // Defines the kind's workspace and run functions (sm90_mixed_<kind>.cu): one CUTLASS kernel a translation unit.
-#define B12X_SM90_MIXED_KIND(NAME, CODES, SCALES)                                                              \
-  namespace b12x::sm90 {                                                                                       \
-  size_t mixed_workspace_##NAME(const MixedGemmArgs& a) { return MixedGemm<CODES, SCALES>::workspace_bytes(a); } \
-  cudaError_t mixed_gemm_##NAME(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {              \
-    return MixedGemm<CODES, SCALES>::run(a, ws, bytes, s);                                                     \
-  }                                                                                                            \
+#define B12X_SM90_MIXED_KIND(NAME, CODES, SCALES, REORDERED)                                                 \
+  namespace b12x::sm90 {                                                                                     \
+  using Gemm_##NAME = MixedGemm<CODES, SCALES, REORDERED>;                                                   \
+  size_t mixed_workspace_##NAME(const MixedGemmArgs& a) { return Gemm_##NAME::workspace_bytes(a); }         \
+  cudaError_t mixed_gemm_##NAME(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {            \
+    return Gemm_##NAME::run(a, ws, bytes, s);                                                                \
+  }                                                                                                          \
   }

@@ -55,14 +55,23 @@ constexpr auto reordering_atom() {
   return composition(tv_to_offset, mk_layout_mma_trgt);
 }
 
-template <class Codes>
+// kReordered: the reordered layout above; otherwise the checkpoint's own (K-major rows, 4-bit codes two a byte, even
+// k in the low nibble), which other backends read too.
+template <class Codes, bool kReordered>
 struct WeightLayout {
   // (N, K, L) with K contiguous
-  using Plain = cutlass::detail::TagToStrideB_t<cutlass::layout::ColumnMajor>;
+  using Plain = cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor>;
   using Atom = decltype(reordering_atom<typename ValueOrder<Codes>::type>());
-  // What the kernel is given as A's "stride": the reordered layout.
-  using Kernel = decltype(cute::tile_to_shape(Atom{}, cute::Layout<cute::Shape<int, int, int>, Plain>{}));
-  static Kernel of(int n, int k) { return cute::tile_to_shape(Atom{}, cute::make_shape(n, k, 1)); }
+  using Reordered = decltype(cute::tile_to_shape(Atom{}, cute::Layout<cute::Shape<int, int, int>, Plain>{}));
+  // What the builder is given for A: the reordered cute layout, or the plain layout's tag.
+  using Builder = cute::conditional_t<kReordered, Reordered, cutlass::layout::RowMajor>;
+  static auto of(int n, int k) {
+    if constexpr (kReordered) {
+      return cute::tile_to_shape(Atom{}, cute::make_shape(n, k, 1));
+    } else {
+      return cutlass::make_cute_packed_stride(Plain{}, cute::make_shape(n, k, 1));
+    }
+  }
 };
 
 }  // namespace b12x::sm90

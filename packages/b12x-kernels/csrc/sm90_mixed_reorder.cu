@@ -7,12 +7,15 @@
 
 namespace b12x::sm90 {
 
-size_t mixed_workspace_e4m3(const MixedGemmArgs&);
-size_t mixed_workspace_nvfp4(const MixedGemmArgs&);
-size_t mixed_workspace_mxfp4(const MixedGemmArgs&);
-cudaError_t mixed_gemm_e4m3(const MixedGemmArgs&, void*, size_t, cudaStream_t);
-cudaError_t mixed_gemm_nvfp4(const MixedGemmArgs&, void*, size_t, cudaStream_t);
-cudaError_t mixed_gemm_mxfp4(const MixedGemmArgs&, void*, size_t, cudaStream_t);
+#define B12X_SM90_MIXED_DECLARE(NAME)                                                    \
+  size_t mixed_workspace_##NAME(const MixedGemmArgs&);                                   \
+  cudaError_t mixed_gemm_##NAME(const MixedGemmArgs&, void*, size_t, cudaStream_t);
+B12X_SM90_MIXED_DECLARE(e4m3)
+B12X_SM90_MIXED_DECLARE(nvfp4)
+B12X_SM90_MIXED_DECLARE(mxfp4)
+B12X_SM90_MIXED_DECLARE(e4m3_plain)
+B12X_SM90_MIXED_DECLARE(nvfp4_plain)
+B12X_SM90_MIXED_DECLARE(mxfp4_plain)
 
 bool mixed_built() { return true; }
 
@@ -42,18 +45,20 @@ const char* mixed_args_error(const MixedGemmArgs& a) {
 
 size_t mixed_workspace_bytes(const MixedGemmArgs& a) {
   switch (MixedWeight(a.weight)) {
-    case MixedWeight::E4M3: return mixed_workspace_e4m3(a);
-    case MixedWeight::NVFP4: return mixed_workspace_nvfp4(a);
-    case MixedWeight::MXFP4: return mixed_workspace_mxfp4(a);
+    case MixedWeight::E4M3: return a.reordered ? mixed_workspace_e4m3(a) : mixed_workspace_e4m3_plain(a);
+    case MixedWeight::NVFP4: return a.reordered ? mixed_workspace_nvfp4(a) : mixed_workspace_nvfp4_plain(a);
+    case MixedWeight::MXFP4: return a.reordered ? mixed_workspace_mxfp4(a) : mixed_workspace_mxfp4_plain(a);
   }
   return 0;
 }
 
-cudaError_t mixed_gemm(const MixedGemmArgs& a, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t mixed_gemm(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {
   switch (MixedWeight(a.weight)) {
-    case MixedWeight::E4M3: return mixed_gemm_e4m3(a, workspace, workspace_bytes, stream);
-    case MixedWeight::NVFP4: return mixed_gemm_nvfp4(a, workspace, workspace_bytes, stream);
-    case MixedWeight::MXFP4: return mixed_gemm_mxfp4(a, workspace, workspace_bytes, stream);
+    case MixedWeight::E4M3: return a.reordered ? mixed_gemm_e4m3(a, ws, bytes, s) : mixed_gemm_e4m3_plain(a, ws, bytes, s);
+    case MixedWeight::NVFP4:
+      return a.reordered ? mixed_gemm_nvfp4(a, ws, bytes, s) : mixed_gemm_nvfp4_plain(a, ws, bytes, s);
+    case MixedWeight::MXFP4:
+      return a.reordered ? mixed_gemm_mxfp4(a, ws, bytes, s) : mixed_gemm_mxfp4_plain(a, ws, bytes, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -78,7 +83,7 @@ __global__ void reorder_codes(const uint8_t* __restrict__ src, uint8_t* __restri
 template <class Codes>
 static cudaError_t reorder_as(const void* src, void* dst, int n, int k, cudaStream_t stream) {
   constexpr int bits = cutlass::sizeof_bits<Codes>::value;
-  const auto layout = WeightLayout<Codes>::of(n, k);
+  const auto layout = WeightLayout<Codes, true>::of(n, k);
   if (int64_t(cute::cosize(layout)) != int64_t(n) * k) return cudaErrorInvalidValue;
   if (bits == 4) {
     const cudaError_t e = cudaMemsetAsync(dst, 0, size_t(n) * k / 2, stream);

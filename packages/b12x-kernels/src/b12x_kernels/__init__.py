@@ -81,10 +81,11 @@ def _needs_build(name: str):
 #       stream): SM12x's block-scaled mma.sync (kind: block_scaled_mma.kind_id) once per warp for each fragment of
 #       lane registers, a uint32 [fragments, 32, 4], b [.., 2], c and d float32 [.., 4], sfa and sfb uint32
 #       [fragments, 32]: the instruction on sm_120a / sm_121a, its emulation (block_scaled_mma's model) elsewhere
-#   sm90_mixed_gemm(weight, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace, workspace_bytes,
-#       stream): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a; csrc/sm90_mixed.h): y[m, n] =
-#       (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in its layout (sm90_mixed_reorder)
-#   sm90_mixed_workspace_bytes(weight, m, n, k, decomposition, sms): the scheduler's scratch for that shape
+#   sm90_mixed_gemm(weight, reordered, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace,
+#       workspace_bytes, stream): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a; csrc/sm90_mixed.h):
+#       y[m, n] = (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in the layout
+#       sm90_mixed_reorder writes (reordered) or the checkpoint's K-major rows
+#   sm90_mixed_workspace_bytes(weight, reordered, m, n, k, decomposition, sms): the scheduler's scratch for that shape
 #   sm90_mixed_reorder(weight, src, dst, n, k, stream): logical codes [n, k] -> the layout the kernel reads
 #   sm90_mixed_built(): whether this build holds those kernels (it targets sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")

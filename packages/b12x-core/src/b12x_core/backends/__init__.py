@@ -6,7 +6,7 @@ from __future__ import annotations
 from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
 from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
-from .cutlass_sm90 import CutlassSm90
+from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
@@ -24,6 +24,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     TritonTiles,
     TensorCoreWgmma,  # after the others: chosen only where measurements (timings.json) say it is faster
     CutlassSm90,  # likewise
+    CutlassSm90Checkpoint,  # likewise
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
     # proxy): on SM90 it ran faster than the Triton MoE at every measured token count, format and shape
     # (timings.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what

@@ -3,9 +3,11 @@ TMA loads, a producer warp and two cooperative consumer warpgroups, wgmma with t
 registers, the persistent stream-K tile scheduler and CUTLASS's epilogue (per-row factor and bias, bf16 out).
 
 FP8, NVFP4 and MXFP4 weights (interface.SM90_MIXED) with the bf16-exact activation modes, compute capability 9.0,
-N and K multiples of 64. It holds its own layout of the weight ("sm90"): the codes reordered so each thread's
-fragment is one shared-memory load, and the block scales as one carrier per row and 64-deep k-tile ([K/64, N, 4 or 2
-bytes]). Late in the registry: the plan picks it only where a measured table says it is faster.
+N and K multiples of 64. Two forms, by the weight layout they read: `CutlassSm90` its own ("sm90": the codes
+reordered so each thread's fragment is one shared-memory load), `CutlassSm90Checkpoint` the checkpoint's bytes the
+GEMV, Triton and cuBLAS backends read too (so a plan can hold one copy). Both take the block scales as one carrier per
+row and 64-deep k-tile ([K/64, N, 4 or 2 bytes], a small copy made at prepare). Late in the registry: the plan picks
+them only where a measured table says they are faster.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ def _decomposition(config) -> int:
 
 @dataclass
 class Sm90Weight:
-    """The "sm90" layout of one prepared linear: what sm90_mixed_gemm reads."""
+    """What sm90_mixed_gemm reads of one prepared linear."""
 
-    codes: torch.Tensor  # uint8: the codes in the kernel's order (sm90_mixed_reorder)
+    codes: torch.Tensor  # uint8: the codes, reordered (sm90_mixed_reorder) or the checkpoint's K-major rows
+    reordered: bool
     scales: torch.Tensor | None  # uint8 [K/64, N, 64/group]: each row's block scales over each k-tile (FP4)
     row_factor: torch.Tensor  # float32 [N]: the per-tensor factors (and a left-out activation scale)
 
@@ -48,8 +51,8 @@ def tile_scales(block_scales: torch.Tensor, k: int) -> torch.Tensor:
     return block_scales.reshape(n, k // TILE_K, per_tile).permute(1, 0, 2).contiguous()
 
 
-def prepare_sm90(query, weights) -> Sm90Weight:
-    """The layout from the checkpoint shards (stacked on the device for the reorder, then dropped)."""
+def reordered_weight(query, weights) -> Sm90Weight:
+    """The "sm90" layout from the checkpoint shards (stacked on the device for the reorder, then dropped)."""
     q = query
     stacked = stack(weights.shards, weights.act_mode, weights.input_scale, q.device.device)
     src = stacked.weight.view(torch.uint8)
@@ -58,12 +61,20 @@ def prepare_sm90(query, weights) -> Sm90Weight:
     kernels.sm90_mixed_reorder(interface.SM90_MIXED_WEIGHTS[q.format], src.data_ptr(), codes.data_ptr(), q.n, q.k,
                                stream)  # fmt: skip
     scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), q.k)
-    return Sm90Weight(codes, scales, stacked.col_scale.contiguous())
+    return Sm90Weight(codes, True, scales, stacked.col_scale.contiguous())
+
+
+def checkpoint_weight(query, weights) -> Sm90Weight:
+    """The checkpoint layout's codes (shared with the other backends that read it) and the tile-layout scales."""
+    stacked = weights.stacked
+    scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), query.k)
+    return Sm90Weight(stacked.weight.view(torch.uint8), False, scales, stacked.col_scale.contiguous())
 
 
 class CutlassSm90(Backend):
     name, op = "cutlass_sm90", "linear"
     reads = ("sm90",)
+    KEY, MAKE = "sm90", staticmethod(reordered_weight)  # the layout it reads, and how it is made
 
     @classmethod
     def can_implement(cls, q):
@@ -84,7 +95,7 @@ class CutlassSm90(Backend):
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
-        self.layout = weights.shared("sm90", lambda: prepare_sm90(query, weights))
+        self.layout = weights.shared(self.KEY, lambda: self.MAKE(query, weights))
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
@@ -92,8 +103,8 @@ class CutlassSm90(Backend):
 
     def _scheduler_bytes(self, tokens: int, config) -> int:
         q = self.query
-        return kernels.sm90_mixed_workspace_bytes(interface.SM90_MIXED_WEIGHTS[q.format], tokens, q.n, q.k,
-                                                  _decomposition(config), q.device.sms)  # fmt: skip
+        return kernels.sm90_mixed_workspace_bytes(interface.SM90_MIXED_WEIGHTS[q.format], self.layout.reordered, tokens,
+                                                  q.n, q.k, _decomposition(config), q.device.sms)  # fmt: skip
 
     def _specs(self, tokens: int, config, scheduler_bytes: int) -> list:
         """The bf16 operands (modes other than bf16) and the scheduler's scratch (16 bytes at least: a pointer)."""
@@ -120,10 +131,16 @@ class CutlassSm90(Backend):
             bias = bias.to(torch.bfloat16).contiguous()
         lay, scratch = self.layout, carved[-1]
         kernels.sm90_mixed_gemm(
-            interface.SM90_MIXED_WEIGHTS[q.format], m, q.n, q.k, lay.codes.data_ptr(),
+            interface.SM90_MIXED_WEIGHTS[q.format], lay.reordered, m, q.n, q.k, lay.codes.data_ptr(),
             0 if lay.scales is None else lay.scales.data_ptr(), xv.data_ptr(), y.data_ptr(),
             lay.row_factor.data_ptr(), 0 if bias is None else bias.data_ptr(),
             _decomposition(config), q.device.sms, scratch.data_ptr(),
             scratch.numel(), torch.cuda.current_stream(x2.device).cuda_stream,
         )  # fmt: skip
         return y
+
+
+class CutlassSm90Checkpoint(CutlassSm90):
+    name = "cutlass_sm90_checkpoint"
+    reads = ("checkpoint",)
+    KEY, MAKE = "sm90_checkpoint", staticmethod(checkpoint_weight)
