@@ -144,6 +144,17 @@ def test_a_plan_keeps_one_copy_of_the_weight_losing_least(rng, fmt):
                    if d.lo <= p <= d.hi)  # fmt: skip
 
 
+def test_a_layout_whose_backends_are_unmeasured_never_wins_the_one_copy_choice(rng):
+    """A family measured nowhere must not look free: with every backend of one layout (the CUTLASS GEMM's own, "sm90")
+    left out of a random table, the plan keeps a measured family, however the measured ones compare."""
+    entry = random_table(rng)
+    entry = dataclasses.replace(entry, us={k: v for k, v in entry.us.items() if k != "cutlass_sm90"})
+    q = query("MXFP4", "bf16", H200, max_tokens=2048)
+    assert any("sm90" in cls.reads for cls in backends.for_op("linear") if cls.can_implement(q)[0])
+    _, _, decisions = plan.choose(q, entries=(entry,))
+    assert all("sm90" not in d.backend.reads for d in decisions), decisions
+
+
 def test_two_weight_copies_when_asked_for(rng, monkeypatch):
     entry = random_table(rng)
     entry = dataclasses.replace(entry, us={**entry.us, "tensor_core": (1.0,) + (1e3,) * (len(entry.ms) - 1),

@@ -4,6 +4,7 @@ family that shares one layout and loses least (see one_copy)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 from ..backends import Backend
@@ -60,6 +61,8 @@ def one_copy(able, decisions, decide, entry=None) -> tuple[list | None, str | No
             t_best, t_mine = entry.time(best, p)[0], entry.time(mine, p, layout)[0]
             if t_best and t_mine:
                 ratio = max(ratio, t_mine / t_best)
+            elif t_best:  # the family has nothing measured here: unknown, never free
+                return math.inf
         return ratio
 
     costs = {layout: worst(fam, layout) for layout, fam in families.items() if fam}
