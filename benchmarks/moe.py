@@ -17,8 +17,8 @@ by scatter-add: no host sync) and combine (index_add in float32) inside the grap
 bandwidth floor counts the bytes of the touched experts' weights (FORMATS.md) against the device copy bandwidth
 measured in the same run; at large T, TFLOP/s counts the useful FLOPs, 2·T·k·(2I·H + H·I), against cuBLAS bf16
 on a [4096, H] × [2I, H] GEMM measured in the same run. `--emit-table` merges the named backends' times into the
-plan's timing table as MoE entries (op "moe", per format × activation mode × shape class "2IxH"), replacing
-entries of the same key, so the plan picks the faster MoE backend per token count.
+plan's timing table as MoE entries (op "moe", per GPU name × format × activation mode × shape class "2IxH"),
+replacing entries of the same key, so the plan picks the faster MoE backend per token count.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def check(rows: list[dict]) -> bool:
 
 def table(saved: dict) -> list[timings.Entry]:
     """Per (format, mode, shape class): each named backend's µs at each T (the mean where measured twice), from
-    what save() wrote."""
+    what save() wrote, keyed by the GPU it names."""
     rows = saved["rows"]
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
@@ -272,7 +272,8 @@ def table(saved: dict) -> list[timings.Entry]:
         ts = sorted({t for times in per_backend.values() for t in times})
         us = {b: [round(float(np.mean(times[t])), 2) if t in times else None for t in ts]
               for b, times in per_backend.items()}  # fmt: skip
-        entries.append(timings.Entry(tuple(saved["capability"]), fmt, mode, shape, tuple(ts), us, source, op="moe"))
+        entries.append(timings.Entry(tuple(saved["capability"]), fmt, mode, shape, tuple(ts), us, source, op="moe",
+                                     device=saved["device"]))  # fmt: skip
     return entries
 
 

@@ -16,9 +16,10 @@ dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; p
 four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
 check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` merges the
-per-backend times into a timing table, one entry per shape (a shape class: timings.py), replacing entries of
-the same key, as each format × mode is measured: given b12x_core's own table, the dispatched op of that pair is
-prepared afterwards, so the run checks the plan its own measurements give. Commit that file.
+per-backend times into a timing table, one entry per shape (a shape class: timings.py) of this GPU (its name),
+replacing entries of the same key (another GPU's stay), as each format × mode is measured: given b12x_core's own
+table, the dispatched op of that pair is prepared afterwards, so the run checks the plan its own measurements give.
+Commit that file.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ def check(rows: list[dict]) -> bool:
 
 
 def table(rows: list[dict], capability, device_name: str, day: str) -> list[timings.Entry]:
-    """Per (format, mode, shape): each backend's µs at each M (the mean where a shape was measured twice)."""
+    """Per (format, mode, shape): each backend's µs at each M (the mean where a shape was measured twice), as
+    measured on the GPU named `device_name` (the table keys entries by it)."""
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if "backends" not in r:
@@ -264,7 +266,7 @@ def table(rows: list[dict], capability, device_name: str, day: str) -> list[timi
         us = {b: [round(statistics.mean(times[m]), 2) if m in times else None for m in ms]
               for b, times in per_backend.items()}  # fmt: skip
         source = f"{device_name} {day}, {shape.replace('x', '×')}, benchmarks/plan_check.py"
-        entries.append(timings.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source))
+        entries.append(timings.Entry(tuple(capability), fmt, mode, shape, tuple(ms), us, source, device=device_name))
     return entries
 
 

@@ -406,6 +406,73 @@ def test_a_layer_takes_the_nearest_measured_shape_class():
         assert ("stands in for this layer's" in basis) == ((n, k) != (8192, 8192))
 
 
+H100 = dataclasses.replace(H200, name="NVIDIA H100 80GB HBM3")  # sm_90 too, with 0.7× the H200's bandwidth
+
+
+def two_gpus(rng, op: str):
+    """One key of `op` measured on an H200 and an H100, the H100's times the H200's mirrored (110 - t): at each
+    measured M the fastest backend on one GPU is the slowest on the other, so which entry a plan read shows."""
+    ms = tuple(sorted(set(int(v) for v in rng.integers(1, 2000, size=8))))
+    names = [cls.name for cls in backends.for_op(op)]
+    us = {name: tuple(float(v) for v in rng.uniform(10, 100, size=len(ms))) for name in names}
+    shape = "1536x2048" if op == "moe" else "8192x8192"
+    h200 = timings.Entry((9, 0), "MXFP4", "bf16", shape, ms, us, "random H200", op, "NVIDIA H200")
+    h100 = dataclasses.replace(h200, us={k: tuple(110 - t for t in v) for k, v in us.items()}, source="random H100",
+                               device="NVIDIA H100 80GB HBM3")  # fmt: skip
+    return h200, h100
+
+
+def gpu_query(op: str, device: DeviceInfo) -> Query:
+    return moe_query("MXFP4", device, max_tokens=2048) if op == "moe" else query("MXFP4", "bf16", device, 2048)
+
+
+@pytest.mark.parametrize("op", ["linear", "moe"])
+def test_a_gpu_reads_its_own_measurements_before_another_of_its_capability(rng, op, monkeypatch):
+    """An H100 and an H200 (both sm_90) each measured the same key and shape: a plan on either reads its own entry
+    (its name matched case and spacing aside), whichever order the table holds them in; the basis names the GPU."""
+    monkeypatch.setenv("B12X_WEIGHT_COPIES", "2")  # speed alone decides
+    h200, h100 = two_gpus(rng, op)
+    for name, own in [("NVIDIA H200", h200), ("NVIDIA H100 80GB HBM3", h100), (" nvidia  h100 80GB hbm3", h100)]:
+        q = gpu_query(op, dataclasses.replace(H200, name=name))
+        able = {cls.name for cls in backends.for_op(op) if cls.can_implement(q)[0]}
+        assert len(able) > 1
+        for entries in [(h200, h100), (h100, h200)]:
+            basis, _, decisions = plan.choose(q, entries=entries)
+            assert basis.startswith(f"measured on {own.device}, shape class"), basis
+            for p in own.ms:
+                best = min(able, key=lambda b: own.us[b][own.ms.index(p)])
+                assert next(d for d in decisions if d.lo <= p <= d.hi).backend.name == best, (name, p, decisions)
+
+
+@pytest.mark.parametrize("op", ["linear", "moe"])
+def test_a_gpu_without_measurements_of_its_own_reads_its_capabilitys(rng, op):
+    """An H100 PCIe (sm_90, unmeasured) reads an entry of no named GPU where the table has one, else another sm_90
+    GPU's (the first by name, whatever the table's order), and the basis says whose; a GPU of another capability
+    reads none of them, whatever its name; a GPU with measurements of its own in the stand-in mode only reads those
+    before another GPU's in the mode itself."""
+    h200, h100 = two_gpus(rng, op)
+    anyone = dataclasses.replace(h200, device="", source="random sm_90")
+    n, k = timings.class_size(h200.shape)
+
+    def found(device, capability=(9, 0), mode="bf16", entries=(h200, h100)):
+        return timings.lookup(capability, "MXFP4", mode, n, k, entries, op=op, device=device)
+
+    pcie = dataclasses.replace(H200, name="NVIDIA H100 PCIe")
+    for entries, used, where in [((h200, h100, anyone), anyone, "sm_90"),
+                                 ((h200, h100), h100, "another sm_90 GPU (NVIDIA H100 80GB HBM3)"),
+                                 ((h100, h200), h100, "another sm_90 GPU (NVIDIA H100 80GB HBM3)")]:  # fmt: skip
+        assert found(pcie.name, entries=entries) == (used, "")
+        basis, _, _ = plan.choose(gpu_query(op, pcie), entries=entries)
+        assert basis.startswith(f"measured on {where}, shape class"), basis
+    assert found("")[0] is h100  # a GPU of no known name: its capability's
+    assert plan.choose(gpu_query(op, H200), entries=(h200,))[0].startswith("measured on sm_90, shape class")
+    assert found("NVIDIA H200", capability=(12, 0)) is None
+    h200_mxfp8 = dataclasses.replace(h200, act_mode="mxfp8")
+    entry, note = found("NVIDIA H100 80GB HBM3", mode="mxfp8", entries=(h200_mxfp8, h100))
+    assert entry is h100 and "bf16 measurements stand in for mxfp8" in note
+    assert found("NVIDIA H200", mode="mxfp8", entries=(h200_mxfp8, h100)) == (h200_mxfp8, "")
+
+
 def test_a_backend_measured_on_each_layout_is_judged_on_the_layout_the_plan_keeps():
     """dequantize + GEMM reads both layouts, at different speeds: the plan must not count its checkpoint-layout time
     for a family that keeps the tensor-core layout."""

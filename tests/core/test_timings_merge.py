@@ -1,5 +1,6 @@
 """timings.merge (the benchmarks' --emit-table): a run that re-measures some token counts of an entry keeps the
-entry's other token counts, and never rewrites the file in place."""
+entry's other token counts, another GPU's run keeps the first GPU's entries, and the file is never rewritten in
+place."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from b12x_core import timings
 from b12x_core.timings import Entry
 
 
-def entry(ms, us, source):
-    return Entry((9, 0), "NVFP4", "bf16", "4096x4096", tuple(ms), {k: tuple(v) for k, v in us.items()}, source)
+def entry(ms, us, source, device=""):
+    return Entry((9, 0), "NVFP4", "bf16", "4096x4096", tuple(ms), {k: tuple(v) for k, v in us.items()}, source,
+                 device=device)  # fmt: skip
 
 
 def test_a_partial_re_measure_keeps_the_other_token_counts(tmp_path):
@@ -48,3 +50,19 @@ def test_merged_sources_name_each_run_once_with_the_token_counts_it_measured():
     assert timings.token_sources(nested) == {1: "run C", 16: "run B", 64: "run C", 4096: "run A"}
     again = timings.merge_entry(nested, entry([4096], {"tensor_core": [5.0]}, "run C"))
     assert again.source == "tokens 1, 64, 4096: run C; tokens 16: run B"
+
+
+def test_a_run_on_another_gpu_keeps_the_entries_of_the_first(tmp_path):
+    """The key holds the GPU's name: an H100's run of a shape an H200 measured adds its own entry; a later H200 run
+    (its name however spaced or cased) merges into the H200's."""
+    path = tmp_path / "timings.json"
+    h200 = entry([1, 16], {"tensor_core": [10.0, 20.0]}, "run A", device="NVIDIA H200")
+    path.write_text(timings.dumps([h200]))
+    h100 = entry([1, 16], {"tensor_core": [14.0, 28.0]}, "run B", device="NVIDIA H100 80GB HBM3")
+    timings.merge(path, [h100])
+    merged = {e.device: e for e in timings.load.__wrapped__(path)}
+    assert merged == {"NVIDIA H200": h200, "NVIDIA H100 80GB HBM3": h100}
+    timings.merge(path, [entry([16], {"tensor_core": [19.0]}, "run C", device="nvidia  H200")])
+    merged = {timings.device_key(e.device): e for e in timings.load.__wrapped__(path)}
+    assert merged.keys() == {"nvidia h200", "nvidia h100 80gb hbm3"}
+    assert merged["nvidia h200"].us["tensor_core"] == (10.0, 19.0) and merged["nvidia h100 80gb hbm3"] == h100

@@ -1,7 +1,12 @@
-"""The measured times the plan picks from: per (compute capability, format, activation mode, shape class), each
-backend's µs per call at a set of token counts (committed in timings.json, written by
-`benchmarks/plan_check.py --emit-table` for linears and `benchmarks/moe.py --emit-table` for MoE layers). A GPU or
-key without measurements gets the conservative default plan (b12x_core.plan), which explain marks as such.
+"""The measured times the plan picks from: per (GPU, format, activation mode, shape class), each backend's µs per
+call at a set of token counts (committed in timings.json, written by `benchmarks/plan_check.py --emit-table` for
+linears and `benchmarks/moe.py --emit-table` for MoE layers). A GPU or key without measurements gets the
+conservative default plan (b12x_core.plan), which explain marks as such.
+
+A GPU is its name (torch.cuda.get_device_name), with its compute capability as the fallback: GPUs of one
+capability differ in memory bandwidth (an H200 reads 1.4× an H100's), and so in where one backend overtakes
+another. A GPU with measurements of its own for a key reads those; one without reads its capability's (an entry
+with no name recorded first, else another GPU's), and explain says which GPU the times came from.
 
 A shape class is one measured layer shape, "NxK" (a MoE's: "2IxH" of its gate/up GEMM). Any other layer takes
 the class nearest to it in log size, |log2 N/N'| + |log2 K/K'| (speed ratios between backends follow a layer's
@@ -48,6 +53,7 @@ class Entry:
     us: dict  # backend name -> tuple of µs per call at ms (None: not measured there)
     source: str = ""
     op: str = "linear"  # linear | moe: a MoE's token counts and times say nothing of a linear's, nor back
+    device: str = ""  # the GPU's name it was measured on; "": any GPU of its capability
 
     def time(self, backend: str, m: int, layout: str | None = None) -> tuple[float | None, str]:
         """(µs, how it was read) of `backend` at a measured token count m: "measured"; between two measurements
@@ -67,6 +73,12 @@ class Entry:
         if m < known[0][0]:
             return known[0][1], "bound"
         return None, "unmeasured"
+
+
+def device_key(name: str) -> str:
+    """A GPU name as entries are matched on: case and runs of whitespace aside, the name itself (an "NVIDIA H100
+    80GB HBM3" is not an "NVIDIA H100 PCIe": their bandwidths differ as an H100's and an H200's do)."""
+    return " ".join(name.split()).casefold()
 
 
 def _key_format(fmt: str) -> str:
@@ -89,6 +101,7 @@ def load(path: Path = TABLE) -> tuple[Entry, ...]:
             {name: tuple(times) for name, times in e["us"].items()},
             e.get("source", ""),
             e.get("op", "linear"),
+            e.get("device", ""),
         )  # fmt: skip
         for e in data["entries"]
     )
@@ -99,21 +112,27 @@ def load(path: Path = TABLE) -> tuple[Entry, ...]:
 BF16_STAND_IN = ("mxfp8", "nvfp4")
 
 
-def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op: str = "linear"):
+def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op: str = "linear", device: str = ""):
     """-> (the entry for this key, '' or what stands in for what) or None when the op × GPU × format × mode is
-    unmeasured. Stand-ins: the nearest measured shape class of the same GPU, format and mode; for mxfp8 / nvfp4
-    activations, the format's bf16 measurements."""
+    unmeasured. The GPU named `device` ("": unknown) reads its own measurements first, those of the stand-in mode
+    included (the device preference comes first), then those of any GPU of `capability` (measured_on says
+    whose). Stand-ins: the nearest measured shape class of the same GPU,
+    format and mode; for mxfp8 / nvfp4 activations, the format's bf16 measurements."""
     if capability is None:
         return None
     entries = load() if entries is None else entries
     fmt = _key_format(fmt)
     notes = []
     modes = (act_mode, "bf16") if act_mode in BF16_STAND_IN else (act_mode,)
-    for mode in modes:
-        same = [e for e in entries if (e.op, e.capability, e.format, e.act_mode) == (op, tuple(capability), fmt, mode)]
-        if same:
-            break
-    else:
+    keys = [(op, tuple(capability), fmt, mode) for mode in modes]
+    keyed = [(key[-1], [e for e in entries if (e.op, e.capability, e.format, e.act_mode) == key]) for key in keys]
+    own = [(mode, [e for e in es if device and device_key(e.device) == device_key(device)]) for mode, es in keyed]
+    # no measurements of its own: an entry of no named GPU stands for every GPU of its capability, else any does
+    # (ordered by name, so which one does not follow the file's order)
+    shared = [(mode, [e for e in es if not e.device] or sorted(es, key=lambda e: device_key(e.device)))
+              for mode, es in keyed]  # fmt: skip
+    mode, same = next(((mode, es) for mode, es in own + shared if es), (None, []))
+    if not same:
         return None
     if mode != act_mode:
         notes.append(f"bf16 measurements stand in for {act_mode} (same kernels plus a quantization pass)")
@@ -126,10 +145,22 @@ def lookup(capability, fmt: str, act_mode: str, n: int, k: int, entries=None, op
     return best, "; ".join(notes)
 
 
+def measured_on(entry: Entry, device: str = "") -> str:
+    """Where `entry`'s times come from, for a query on the GPU named `device` ("": unknown): the GPU's name where it
+    is this GPU, else the capability, with the other GPU's name where the entry records one."""
+    arch = f"sm_{entry.capability[0]}{entry.capability[1]}"
+    if not entry.device:
+        return arch
+    if device_key(entry.device) == device_key(device):
+        return entry.device
+    return f"another {arch} GPU ({entry.device})" if device else arch
+
+
 def dumps(entries: list[Entry]) -> str:
     """The table file's text (benchmarks/plan_check.py --emit-table)."""
     rows = [dict(capability=list(e.capability), format=e.format, act_mode=e.act_mode, shape=e.shape, ms=list(e.ms),
-                 us={k: list(v) for k, v in e.us.items()}, source=e.source, op=e.op) for e in entries]  # fmt: skip
+                 us={k: list(v) for k, v in e.us.items()}, source=e.source, op=e.op, device=e.device)
+            for e in entries]  # fmt: skip
     return json.dumps({"version": 1, "entries": rows}, indent=1) + "\n"
 
 
@@ -137,10 +168,11 @@ def merge(path: Path, new: list[Entry]) -> None:
     """Write the table at `path` (atomically) with `new` merged into the entries of the same key (the benchmarks'
     --emit-table: a run of some shapes, formats or token counts keeps the rest of the table). Within an entry, the
     new run's times replace the old at the token counts it measured; the old entry's other token counts stay (a
-    re-measure of 16-512 tokens keeps one token's times)."""
+    re-measure of 16-512 tokens keeps one token's times). The key holds the GPU: an H100's run leaves an H200's
+    entries of the same shape as they are."""
 
     def key(e: Entry):
-        return (e.op, e.capability, e.format, e.act_mode, e.shape)
+        return (e.op, e.capability, device_key(e.device), e.format, e.act_mode, e.shape)
 
     table = {key(e): e for e in load.__wrapped__(path)}
     for e in new:
@@ -165,7 +197,7 @@ def merge_entry(old: Entry, new: Entry) -> Entry:
             us[name] = times
     kept = {m: src for m, src in token_sources(old).items() if m not in new.ms}
     source = grouped_source({**{m: new.source for m in new.ms}, **kept})
-    return Entry(new.capability, new.format, new.act_mode, new.shape, ms, us, source, new.op)
+    return Entry(new.capability, new.format, new.act_mode, new.shape, ms, us, source, new.op, new.device)
 
 
 def token_sources(entry: Entry) -> dict[int, str]:

@@ -32,6 +32,9 @@ class DeviceInfo:
     triton: str = ""  # why the Triton kernels cannot run here ('' when they can)
     block_scaled_mm: str = ""  # why torch's block-scaled FP8 GEMM cannot run here ('' when it can)
     sm90_mixed: str = ""  # why the CUTLASS SM90 GEMM of b12x_kernels cannot run here ('' when it can)
+    # The CUDA device's name ("NVIDIA H200"; '' off CUDA): the measured tables' key before the capability
+    # (timings.py), as GPUs of one capability differ in memory bandwidth
+    name: str = ""
 
     @property
     def arch(self) -> str:
@@ -86,7 +89,7 @@ def _device_info(device: torch.device) -> DeviceInfo:
     capability = (props.major, props.minor)
     return DeviceInfo(device, capability, props.multi_processor_count, props.shared_memory_per_block_optin // 1024,
                       _kernels_reason(), _triton_reason(), _block_scaled_reason(capability),
-                      _sm90_mixed_reason(capability))  # fmt: skip
+                      _sm90_mixed_reason(capability), props.name)  # fmt: skip
 
 
 @dataclass(frozen=True)

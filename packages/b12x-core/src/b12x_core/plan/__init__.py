@@ -3,10 +3,11 @@
 A `Plan` is an ordered table of token ranges, each with the backend that runs it, that backend's configuration
 (tile sizes, accumulator bucket, K splits, ...), why it won and why every other backend lost. `prepare_*` builds it
 once (`build`): every backend of the op answers `can_implement(query)`; among those that can, each token range
-goes to the fastest backend measured on this GPU for this format, activation mode and shape class
-(timings.py), or, where nothing is measured, to the conservative default (each backend's `default_tokens`,
-registry order breaking ties); the chosen backends are prepared, split their ranges by configuration, size the
-shared workspaces, and every row is run once (warmed) so no call compiles or initialises anything.
+goes to the fastest backend measured on this GPU (by name, else another of its compute capability) for this
+format, activation mode and shape class (timings.py), or, where nothing is measured, to the conservative default
+(each backend's `default_tokens`, registry order breaking ties); the chosen backends are prepared, split their
+ranges by configuration, size the shared workspaces, and every row is run once (warmed) so no call compiles or
+initialises anything.
 `linear` / `moe` / `embedding` then run `plan.for_tokens(m).run(...)`.
 
 One copy of the weight: backends read different device layouts of it (`Backend.reads`). Where the fastest

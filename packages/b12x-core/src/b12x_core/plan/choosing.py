@@ -139,7 +139,7 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
         return "one backend runs this here", never, [Decision(1, hi, able[0], why)]
     arch = query.device.arch
     found = timings.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, entries,
-                           op=query.op)  # fmt: skip
+                           op=query.op, device=query.device.name)  # fmt: skip
     if found is None:
         note = f"no measurements for {arch} {query.format} × {query.act_mode}"
         basis = f"conservative defaults ({note})"
@@ -150,7 +150,8 @@ def choose(query: Query, entries=None) -> tuple[str, tuple, list[Decision]]:
         return f"{basis}; {cost}", never, excluded(_merge(_default_decisions(family, 1, hi, "unmeasured")), able,
                                                     family)  # fmt: skip
     entry, note = found
-    basis = (f"measured on {arch}, shape class {entry.shape} ({entry.source}){'; ' + note if note else ''}; "
+    where = timings.measured_on(entry, query.device.name)
+    basis = (f"measured on {where}, shape class {entry.shape} ({entry.source}){'; ' + note if note else ''}; "
              f"per range the fastest at its last measured M (µs; ~ interpolated, ≤ bounded by a larger M's time, "
              f"? unmeasured)")  # fmt: skip
     decisions = _measured_decisions(able, entry, hi)

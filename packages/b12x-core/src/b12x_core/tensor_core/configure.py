@@ -321,7 +321,8 @@ def moe_holds(query, tokens: int) -> bool:
     table has HELD faster than STAGED at that count (interpolated as the plans read it)."""
     if query.overrides.holds_rows is not None:
         return query.overrides.holds_rows
-    found = timings.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe")
+    found = timings.lookup(query.device.capability, query.format, query.act_mode, query.n, query.k, op="moe",
+                           device=query.device.name)  # fmt: skip
     if found is None:
         return False
     entry = found[0]
