@@ -1,6 +1,6 @@
 """timings.merge (the benchmarks' --emit-table): a run that re-measures some token counts of an entry keeps the
 entry's other token counts, another GPU's run keeps the first GPU's entries, and the file is never rewritten in
-place."""
+place. The committed table names each entry's GPU."""
 
 from __future__ import annotations
 
@@ -66,3 +66,14 @@ def test_a_run_on_another_gpu_keeps_the_entries_of_the_first(tmp_path):
     merged = {timings.device_key(e.device): e for e in timings.load.__wrapped__(path)}
     assert merged.keys() == {"nvidia h200", "nvidia h100 80gb hbm3"}
     assert merged["nvidia h200"].us["tensor_core"] == (10.0, 19.0) and merged["nvidia h100 80gb hbm3"] == h100
+
+
+def test_every_committed_entry_names_the_gpu_its_runs_measured_on():
+    """timings.json: each entry records its GPU, the one every run its source names (a run's text begins with the
+    GPU's name, then the date)."""
+    entries = timings.load.__wrapped__(timings.TABLE)
+    assert entries
+    for e in entries:
+        assert e.device, e.source
+        for run in timings.token_sources(e).values():
+            assert run.startswith(e.device + " "), (e.device, run)
