@@ -1,8 +1,9 @@
 """docs/performance.md, the whole page, from the measurement files it lists: plan_check.py runs (the Llama-3.1
 decoder layers through `bc.linear`), moe.py runs (MoE layers through `bc.moe`) and model_decode.py runs (a whole
-model's decode step). Each cell of a table is the newest measurement of that point: the files are given oldest
-first and the last one that measured a cell gives it, with a letter naming the file. Every file given must give at
-least one cell, so docs/results/ holds no file the page does not cite.
+model's decode steps; a model with prefill chunks measured also gets a serving table: its prefill chunks beside its
+batched decode steps, in tokens/s). Each cell of a table is the newest measurement of that point: the files are
+given oldest first and the last one that measured a cell gives it, with a letter naming the file. Every file given
+must give at least one cell, so docs/results/ holds no file the page does not cite.
 
     python benchmarks/performance_page.py @docs/results/performance_runs.txt > docs/performance.md
     python benchmarks/performance_page.py @docs/results/performance_runs.txt --plots docs/results > docs/performance.md
@@ -40,7 +41,7 @@ class Cell:
 class Group:
     """One table: what it measures, its baseline and what its columns count."""
 
-    kind: str  # "linear", "moe" or "step"
+    kind: str  # "linear", "moe", "step" (decode steps), "prefill" (prefill chunks) or "serving" (their table)
     name: str  # plan_check's model, moe.py's shape or model_decode's model
 
     @property
@@ -49,11 +50,11 @@ class Group:
 
     @property
     def baseline(self) -> str:
-        return {"linear": "bf16 `F.linear`", "moe": "the bf16 grouped MoE", "step": "the bf16 model's step"}[self.kind]
+        return {"linear": "bf16 `F.linear`", "moe": "the bf16 grouped MoE"}.get(self.kind, "the bf16 model's step")
 
     @property
     def count(self) -> str:
-        return {"linear": "M", "moe": "T", "step": "B"}[self.kind]
+        return {"linear": "M", "moe": "T", "step": "B", "prefill": "T"}[self.kind]
 
     def plot_name(self, device: str) -> str:
         return f"performance_{slug(device)}_{self.kind}_{self.name}.png"
@@ -67,8 +68,13 @@ TITLES = {
     ("moe", "dsv3"): "DeepSeek-V3-like MoE layer (E=256, top-8, H=7168, I=2048) through `bc.moe`",
     ("step", "llama8b"): "Llama-3.1-8B-shaped model, one decode step (32 layers, LM head)",
     ("step", "qwen3moe"): "Qwen3-30B-A3B-shaped model, one decode step (48 MoE layers, LM head)",
+    ("serving", "llama8b"): "Llama-3.1-8B-shaped model: a prefill chunk and batched decode, tokens/s",
+    ("serving", "qwen3moe"): "Qwen3-30B-A3B-shaped model: a prefill chunk and batched decode, tokens/s",
 }
-KINDS = ("linear", "moe", "step")
+KINDS = ("linear", "moe", "step", "serving")  # the order of the tables; a model's serving table follows its steps'
+# The decode steps a serving table shows beside the prefill chunks: the batched decode of a serving workload
+# (model_decode.py --serving). Every decode step measured is also in the model's decode-step table.
+SERVING_DECODE = (64, 256)
 
 
 def slug(device: str) -> str:
@@ -109,9 +115,16 @@ def step_label(fmt: str, activation: str) -> str:
 
 
 def steps(rows: list[dict]) -> list[dict]:
-    """A model_decode.py run's decode steps, each against the bf16 model's step of the same run."""
-    return [dict(model=r["model"], label=step_label(r["format"], r["activation"]), m=r["batch"], us=r["step_us"],
-                 speedup=r["tokens_per_s"] / r["bf16_tokens_per_s"]) for r in rows]  # fmt: skip
+    """A model_decode.py run's steps, each against the bf16 model's step of the same run: decode steps of B
+    sequences (kind "step"; runs from before prefill chunks existed name no "step") and prefill chunks of T tokens
+    of one sequence (kind "prefill"). m counts the step's new tokens either way."""
+    out = []
+    for r in rows:
+        prefill = r.get("step") == "prefill"
+        out.append(dict(model=r["model"], kind="prefill" if prefill else "step", m=r["tokens"] if prefill else
+                        r["batch"], label=step_label(r["format"], r["activation"]), us=r["step_us"],
+                        speedup=r["tokens_per_s"] / r["bf16_tokens_per_s"]))  # fmt: skip
+    return out
 
 
 METHOD = """## Method
@@ -147,16 +160,23 @@ def merge(saved: list[dict]) -> dict[tuple[str, Group, str, int], Cell]:
     for i, s in enumerate(saved):
         kind = kind_of(s["rows"])
         for layer in READERS[kind](s["rows"]):
-            key = (s.get("device", "?"), Group(kind, layer["model"]), layer["label"], layer["m"])
+            key = (s.get("device", "?"), Group(layer.get("kind", kind), layer["model"]), layer["label"], layer["m"])
             cells[key] = Cell(layer["speedup"], layer["us"], i)
     return cells
 
 
 def tables(cells: dict) -> list[tuple[str, Group]]:
-    """(device, group) per table, in order: by device, then linear models, MoE shapes, decode steps."""
+    """(device, group) per table, in order: by device, then linear models, MoE shapes, decode steps, each model's
+    serving table (its prefill chunks and batched decode steps) after its decode steps'."""
     order = {name: i for i, name in enumerate(plan_check.MODELS)} | {name: i for i, name in enumerate(moe.SHAPES)}
-    keys = {(d, g) for d, g, _, _ in cells}
-    return sorted(keys, key=lambda k: (k[0], KINDS.index(k[1].kind), order.get(k[1].name, 99), k[1].name))
+    keys = {(d, Group("serving", g.name) if g.kind == "prefill" else g) for d, g, _, _ in cells}
+    rank = {"serving": KINDS.index("step")}  # beside the decode steps, model by model
+
+    def key(k):
+        g = k[1]
+        return k[0], rank.get(g.kind, KINDS.index(g.kind)), order.get(g.name, 99), g.name, KINDS.index(g.kind)
+
+    return sorted(keys, key=key)
 
 
 def grid(cells: dict, device: str, group: Group) -> tuple[list[int], list[str], dict]:
@@ -164,20 +184,67 @@ def grid(cells: dict, device: str, group: Group) -> tuple[list[int], list[str], 
     return sorted({m for _, m in here}), sorted({label for label, _ in here}), here
 
 
+def serving_grid(cells: dict, device: str, model: str) -> tuple[list[tuple[str, int]], list[str], dict]:
+    """A serving table's columns ("prefill", T) for each chunk measured, then ("decode", B) for each of
+    SERVING_DECODE measured; its rows; {(label, column): cell}."""
+    here = {}
+    for (d, g, label, m), c in cells.items():
+        if d == device and g.name == model and (g.kind == "prefill" or (g.kind == "step" and m in SERVING_DECODE)):
+            here[label, ("prefill" if g.kind == "prefill" else "decode", m)] = c
+    columns = sorted({column for _, column in here}, key=lambda c: (c[0] == "decode", c[1]))
+    return columns, sorted({label for label, _ in here}), here
+
+
+def tokens_per_s(cell: Cell, tokens: int) -> tuple[float, float]:
+    """b12x's and the bf16 model's tokens/s of a step of `tokens` new tokens (the bf16 step is speedup × b12x's)."""
+    return tokens / cell.us * 1e6, tokens / (cell.us * cell.speedup) * 1e6
+
+
+def serving_table(cells: dict, device: str, group: Group, letters: dict) -> list[str]:
+    columns, labels, here = serving_grid(cells, device, group.name)
+    head = [
+        f"{'prefill T' if step == 'prefill' else 'decode B'}={m}: b12x tok/s | bf16 tok/s | × bf16"
+        for step, m in columns
+    ]
+    out = [
+        "One sequence's prefill chunk of T tokens (causal attention over the chunk, no earlier context; logits of its",
+        "last token) and decode steps of B sequences (one new token each): tokens/s of the model with b12x's linears",
+        "and experts, of the bf16 model in the same run, and × the bf16 model's; the letter names the file.",
+        "",
+        "| format × activations | " + " | ".join(head) + " |",
+        "|---|" + "---:|---:|---:|" * len(columns),
+    ]
+    for label in labels:
+        row = []
+        for column in columns:
+            cell = here.get((label, column))
+            if cell is None:
+                row += ["—"] * 3
+                continue
+            b12x, bf16 = tokens_per_s(cell, column[1])
+            row += [f"{b12x:,.0f}", f"{bf16:,.0f}", f"{cell.speedup:.2f}<sup>{letters[cell.run]}</sup>"]
+        out.append(f"| {label} | " + " | ".join(row) + " |")
+    return out
+
+
 def glance(cells: dict) -> list[str]:
-    """One line per device and kind: the range of speed-ups at decode sizes and at prefill sizes."""
+    """One line per device and kind: the range of speed-ups at decode sizes and at prefill sizes (prefill chunks:
+    over the chunk lengths measured)."""
     out = []
+    what = {"linear": "decoder layers' linears", "moe": "MoE layers", "step": "whole-model decode steps",
+            "prefill": "whole-model prefill chunks"}  # fmt: skip
     for device in sorted({d for d, _, _, _ in cells}):
-        for kind, small, large in (("linear", 8, 256), ("moe", 8, 256), ("step", 16, None)):
+        for kind, small, large in (("linear", 8, 256), ("moe", 8, 256), ("step", 16, 64), ("prefill", None, None)):
             here = [(m, c.speedup) for (d, g, _, m), c in cells.items() if d == device and g.kind == kind]
             if not here:
                 continue
-            parts = []
-            for name, pick in ((f"1-{small}", lambda m: m <= small), (f"≥ {large}", lambda m: large and m >= large)):
-                values = [s for m, s in here if pick(m)]
-                if values:
-                    parts.append(f"{min(values):.2f}-{max(values):.2f}× at {Group(kind, '').count} {name}")
-            what = {"linear": "decoder layers' linears", "moe": "MoE layers", "step": "whole-model decode steps"}
+            count = Group(kind, "").count
+            if small is None:
+                ranges = [("/".join(str(m) for m in sorted({m for m, _ in here})), [s for _, s in here])]
+            else:
+                ranges = [(f"1-{small}", [s for m, s in here if m <= small]),
+                          (f"≥ {large}", [s for m, s in here if m >= large])]  # fmt: skip
+            parts = [f"{min(v):.2f}-{max(v):.2f}× at {count} {name}" for name, v in ranges if v]
             out.append(f"- {device}, {what[kind]} (× {Group(kind, '').baseline}): " + "; ".join(parts))
     return out
 
@@ -204,6 +271,12 @@ def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
         out += [f"## {device}", ""]
         for d, group in tables(cells):
             if d != device:
+                continue
+            if group.kind == "serving":
+                out += [f"### {group.title}", "", *serving_table(cells, device, group, letters)]
+                runs = sorted({c.run for c in serving_grid(cells, device, group.name)[2].values()})
+                out += ["", "; ".join(f"<sup>{letters[i]}</sup> `{Path(paths[i]).name}`" for i in runs), ""]
+                out += [f"![{group.title}](results/{group.plot_name(device)})", ""]
                 continue
             counts, labels, here = grid(cells, device, group)
             out += [f"### {group.title}", "", f"× {group.baseline} of the same run; the letter names the file.", ""]
@@ -234,6 +307,37 @@ def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
         out.append(f"- <sup>{letters[i]}</sup> [`{Path(paths[i]).name}`](results/{Path(paths[i]).name}): "
                    f"benchmarks/{what}, {s.get('device', '?')}, {s.get('date') or '?'}")  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def plot_serving(cells: dict, device: str, group: Group, path: Path) -> None:
+    """A serving table drawn: a panel per step, a bar per format × activations of b12x's tokens/s, a black tick at
+    the bf16 model's of the same run, the ratio beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns, labels, here = serving_grid(cells, device, group.name)
+    fig, axes = plt.subplots(1, len(columns), figsize=(3.6 * len(columns) + 2, 0.4 * len(labels) + 1.8), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, column in zip(axes[0], columns, strict=True):
+        for y, label in enumerate(labels):
+            cell = here.get((label, column))
+            if cell is None:
+                continue
+            b12x, bf16 = tokens_per_s(cell, column[1])
+            ax.barh(y, b12x, color="tab:green" if cell.speedup >= 1 else "tab:red")
+            ax.plot([bf16, bf16], [y - 0.4, y + 0.4], "k-", linewidth=2)
+            ax.text(max(b12x, bf16), y, f" {cell.speedup:.2f}×", va="center", fontsize=7)
+        ax.set_title(f"{'prefill T' if column[0] == 'prefill' else 'decode B'}={column[1]}", fontsize=9)
+        ax.set_xlabel("tokens/s (bar b12x, tick bf16)", fontsize=8)
+        ax.margins(x=0.2)
+    axes[0][0].set_yticks(range(len(labels)), labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"{device}: {group.title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def plot(cells: dict, device: str, group: Group, path: Path) -> None:
@@ -278,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(page(cells, args.runs, saved))
     if args.plots:
         for device, group in tables(cells):
-            plot(cells, device, group, Path(args.plots) / group.plot_name(device))
+            draw = plot_serving if group.kind == "serving" else plot
+            draw(cells, device, group, Path(args.plots) / group.plot_name(device))
     return 0
 
 
