@@ -20,8 +20,9 @@ from b12x_core.moe import MOE_FORMATS
 from b12x_core.recipe import activation_mode
 
 CUDA = torch.device("cuda", 0)
-DEVICES = {  # compute capability, SMs and shared memory a block of each GPU
-    "hopper": DeviceInfo(CUDA, (9, 0), sms=132, smem_kb=227),
+DEVICES = {  # compute capability, SMs and shared memory a block of each GPU (Hopper: the two measured, by name)
+    "h200": DeviceInfo(CUDA, (9, 0), sms=132, smem_kb=227, name="NVIDIA H200"),
+    "h100": DeviceInfo(CUDA, (9, 0), sms=132, smem_kb=227, name="NVIDIA H100 80GB HBM3"),
     "sm120": DeviceInfo(CUDA, (12, 0), sms=170, smem_kb=99, block_scaled_mm="not verified here"),
     "sm121": DeviceInfo(CUDA, (12, 1), sms=48, smem_kb=99, block_scaled_mm="not verified here"),
 }

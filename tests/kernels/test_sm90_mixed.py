@@ -130,9 +130,9 @@ def _sm90_here() -> DeviceInfo:
     return device
 
 
-def _activation(fmt: str) -> list[str]:
-    """bf16, and a quantized mode bf16 holds exactly where the format has one."""
-    return ["bf16", {"NVFP4": "nvfp4", "MXFP4": "mxfp8", "FP8": "fp8_static"}[fmt]]
+def _activations(fmt: str) -> list[tuple[str, bool]]:
+    """(activation, with an input_scale): bf16, and the format's quantized mode that bf16 holds exactly."""
+    return [("bf16", False), {"NVFP4": ("nvfp4", True), "MXFP4": ("mxfp8", False), "FP8": ("fp8", True)}[fmt]]
 
 
 @pytest.mark.gpu
@@ -142,8 +142,7 @@ def _activation(fmt: str) -> list[str]:
 def test_matches_the_reference(rng, form, fmt, decomposition):
     _sm90_here()
     x = torch.from_numpy(rng.standard_normal((max(MS), K)).astype(np.float32)).to(torch.bfloat16)
-    for activation in _activation(fmt):
-        scaled = activation != "bf16"
+    for activation, scaled in _activations(fmt):
         shards = make_weight(rng, fmt, N // 2, K, scaled, x, shards=2)
         gpu, ref = alone(form, shards, activation, "cuda", max(MS))
         bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16)
