@@ -17,10 +17,10 @@ import importlib
 import b12x_kernels
 from b12x_kernels import interface
 
-__all__ = ["TRITON_MODULES", "built", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm",
-           "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm",
-           "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "unavailable_reason", "wgmma_blocks_per_sm",
-           "wgmma_gemm"]  # fmt: skip
+__all__ = ["TRITON_MODULES", "built", "compiled_archs", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface",
+           "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built",
+           "sm90_mixed_gemm", "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "unavailable_reason",
+           "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
 TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
 
@@ -36,6 +36,11 @@ def __getattr__(name: str):
 def built() -> bool:
     """Whether the CUDA extension is built and imported (it may still find no device: unavailable_reason)."""
     return b12x_kernels._C is not None
+
+
+def compiled_archs() -> list[str]:
+    """The architectures the CUDA extension holds code for ([] without it)."""
+    return b12x_kernels.compiled_archs()
 
 
 def not_built_reason() -> str:
