@@ -3,7 +3,9 @@ decoder layers through `bc.linear`), moe.py runs (MoE layers through `bc.moe`) a
 model's decode steps; a model with prefill chunks measured also gets a serving table: its prefill chunks beside its
 batched decode steps, in tokens/s). Each cell of a table is the newest measurement of that point: the files are
 given oldest first and the last one that measured a cell gives it, with a letter naming the file. Every file given
-must give at least one cell, so docs/results/ holds no file the page does not cite.
+must give at least one cell, so docs/results/ holds no file the page does not cite. A cards file
+(docs/results/sm12x_cards.json, "kind": "sm12x_roofline") measures nothing: it gives the SM12x roofline section, a
+model worked out from the cards' published rates (sm12x_roofline.py).
 
     python benchmarks/performance_page.py @docs/results/performance_runs.txt > docs/performance.md
     python benchmarks/performance_page.py @docs/results/performance_runs.txt --plots docs/results > docs/performance.md
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import moe
 import plan_check
+import sm12x_roofline
 
 RUNS = "docs/results/performance_runs.txt"  # the files the page reads, oldest first, a path a line
 PAGE_COMMAND = f"python benchmarks/performance_page.py @{RUNS} --plots docs/results > docs/performance.md"
@@ -158,6 +161,8 @@ def merge(saved: list[dict]) -> dict[tuple[str, Group, str, int], Cell]:
     """(device, group, label, M / T / B) -> the cell of the last file that measured it."""
     cells = {}
     for i, s in enumerate(saved):
+        if sm12x_roofline.is_cards(s):  # the roofline's inputs: published rates, no measurement
+            continue
         kind = kind_of(s["rows"])
         for layer in READERS[kind](s["rows"]):
             key = (s.get("device", "?"), Group(layer.get("kind", kind), layer["model"]), layer["label"], layer["m"])
@@ -251,6 +256,9 @@ def glance(cells: dict) -> list[str]:
 
 def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
     used = sorted({c.run for c in cells.values()})
+    cards = [i for i, s in enumerate(saved) if sm12x_roofline.is_cards(s)]
+    model_note = ["The SM12x roofline at the end is a model worked out from published rates, not a measurement."]
+    model_note = model_note if cards else []
     letters = dict(zip(used, string.ascii_letters, strict=False))
     devices = sorted({d for d, _, _, _ in cells})
     out = [
@@ -260,6 +268,7 @@ def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
         "",
         "How fast b12x's dispatched ops run against the bf16 baseline on the same GPU, from the newest measurement of",
         "each point. Above 1.00 b12x is faster. Devices measured: " + ", ".join(devices) + ".",
+        *model_note,
         "",
         "## At a glance",
         "",
@@ -289,6 +298,8 @@ def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
             runs = sorted({c.run for c in here.values()})
             out += ["", "; ".join(f"<sup>{letters[i]}</sup> `{Path(paths[i]).name}`" for i in runs), ""]
             out += [f"![{group.title}](results/{group.plot_name(device)})", ""]
+    for i in cards:
+        out += sm12x_roofline.section(saved[i], paths[i])
     out += [
         "## Regenerating this page",
         "",
@@ -306,6 +317,9 @@ def page(cells: dict, paths: list[str], saved: list[dict]) -> str:
         what = {"linear": "plan_check.py", "moe": "moe.py", "step": "model_decode.py"}[kind_of(s["rows"])]
         out.append(f"- <sup>{letters[i]}</sup> [`{Path(paths[i]).name}`](results/{Path(paths[i]).name}): "
                    f"benchmarks/{what}, {s.get('device', '?')}, {s.get('date') or '?'}")  # fmt: skip
+    for i in cards:
+        name = Path(paths[i]).name
+        out.append(f"- [`{name}`](results/{name}): the SM12x cards' published rates, the roofline model's inputs")
     return "\n".join(out) + "\n"
 
 
@@ -373,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     saved = [json.loads(Path(p).read_text()) for p in args.runs]
     cells = merge(saved)
-    idle = [p for i, p in enumerate(args.runs) if all(c.run != i for c in cells.values())]
+    idle = [p for i, p in enumerate(args.runs)
+            if not sm12x_roofline.is_cards(saved[i]) and all(c.run != i for c in cells.values())]  # fmt: skip
     if idle:
         print("these files give no cell (newer files measured all they hold): " + ", ".join(idle), file=sys.stderr)
         return 1
