@@ -195,6 +195,12 @@ def test_screen_shows_the_paths_by_token_count():
     assert "A check failed" not in "\n".join(lines)
 
 
+def test_summary_counts_in_words():
+    one_backend = [r for r in _results() if r.check.backend != "cutlass_sm90"]
+    assert report.summary(one_backend, 1.0, 3).startswith("3 passed, 2 failed, 1 not run, 1 backend that cannot run")
+    assert report.summary(_results()[:1], 1.0, 3).startswith("1 passed, 0 failed, in 1 s")
+
+
 def test_json_holds_every_result_and_path():
     saved = json.loads(json.dumps(report.as_json(FACTS, _results(), PATHS, 12.3, 42)))
     assert saved["device"]["name"] == FACTS["name"] and saved["seed"] == 42

@@ -93,7 +93,10 @@ def counts(results: list[Result]) -> dict[str, int]:
 def summary(results: list[Result], seconds: float, seed: int) -> str:
     c = counts(results)
     parts = [f"{c['passed']} passed", f"{c['failed']} failed"]
-    parts += [f"{n} {what}" for what, n in c.items() if what not in ("passed", "failed") and n]
+    if c["not run"]:
+        parts.append(f"{c['not run']} not run")
+    if n := c["backends that cannot run here"]:
+        parts.append(f"{n} backend{'s' if n > 1 else ''} that cannot run here")
     tokens = ", ".join(map(str, TOKENS))
     return f"{', '.join(parts)}, in {seconds:.0f} s ({tokens} tokens a call; inputs from seed {seed}: --seed {seed})"
 
