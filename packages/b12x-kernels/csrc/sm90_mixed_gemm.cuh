@@ -68,15 +68,24 @@ __device__ __forceinline__ __nv_bfloat16 scale_to_bf16(uint8_t byte) {
   }
 }
 
+// Two e2m1 codes, in the low nibbles of a register's two halves, as a bf16x2 holding their values exactly. A code
+// s|e1 e0|m placed as bf16 bits s << 15 | (e1 e0 m) << 6 is the e2m1 value times 2^-126 (exponent field e1 e0,
+// mantissa m; e = 0 gives bf16's subnormals m * 2^-127, which bf16 multiplies keep), so one multiply by 2^126 makes
+// it exact.
+__device__ __forceinline__ uint32_t e2m1_pair_to_bf16x2(uint32_t pair) {
+  uint32_t bits = ((pair & 0x00070007u) << 6) | ((pair & 0x00080008u) << 12);
+  __nv_bfloat162& v = reinterpret_cast<__nv_bfloat162&>(bits);
+  v = __hmul2(v, __nv_bfloat162(__nv_bfloat162_raw{0x7e80, 0x7e80}));
+  return bits;
+}
+
 }  // namespace b12x::sm90
 
 namespace cutlass {
 
 // e2m1 -> bf16 for 8 codes of one 32-bit register in the [0,2,4,6,1,3,5,7] order the reorder gives 4-bit codes (the
 // order of CUTLASS's int4 -> bf16 converter): shifting the register by 4i puts codes 2i and 2i + 1 in the low nibbles
-// of the two halves. A code s|e1 e0|m placed as bf16 bits s << 15 | (e1 e0 m) << 6 is the e2m1 value times 2^-126
-// (exponent field e1 e0, mantissa m; e = 0 gives bf16's subnormals m * 2^-127, which bf16 multiplies keep), so one
-// bf16x2 multiply by 2^126 makes it exact.
+// of the two halves.
 template <>
 struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t,
                               cute::Layout<cute::Shape<cute::_2, cute::_4>, cute::Stride<cute::_4, cute::_1>>,
@@ -91,20 +100,13 @@ struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t,
     using RegArray = cutlass::AlignedArray<uint32_t, 4, sizeof(DstArray)>;
     const uint32_t codes = cute::recast<uint32_t>(src)(0);
     auto&& r = cute::recast<RegArray>(dst)(0);
-    const __nv_bfloat162 two126 = __nv_bfloat162(__nv_bfloat162_raw{0x7e80, 0x7e80});
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t pair = codes >> (4 * i);
-      uint32_t bits = ((pair & 0x00070007u) << 6) | ((pair & 0x00080008u) << 12);
-      __nv_bfloat162& v = reinterpret_cast<__nv_bfloat162&>(bits);
-      v = __hmul2(v, two126);
-      r[i] = bits;
-    }
+    for (int i = 0; i < 4; ++i) r[i] = b12x::sm90::e2m1_pair_to_bf16x2(codes >> (4 * i));
   }
 };
 
-// e2m1 -> bf16 for 8 codes in natural order (the checkpoint's: code j in nibble j), as above: byte i holds codes 2i
-// and 2i + 1, spread to the two halves of a register.
+// e2m1 -> bf16 for 8 codes in natural order (the checkpoint's: code j in nibble j): byte i holds codes 2i and 2i + 1,
+// spread to the two halves of a register.
 template <>
 struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t, cute::Layout<cute::_8>, cute::Layout<cute::_8>> {
   template <class EngineIn, class EngineOut>
@@ -114,15 +116,10 @@ struct LayoutAwareConvertImpl<cutlass::float_e2m1_t, cutlass::bfloat16_t, cute::
     using RegArray = cutlass::AlignedArray<uint32_t, 4, sizeof(DstArray)>;
     const uint32_t codes = cute::recast<uint32_t>(src)(0);
     auto&& r = cute::recast<RegArray>(dst)(0);
-    const __nv_bfloat162 two126 = __nv_bfloat162(__nv_bfloat162_raw{0x7e80, 0x7e80});
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < 4; ++i) {
       const uint32_t byte = codes >> (8 * i);
-      const uint32_t pair = (byte & 0xfu) | ((byte & 0xf0u) << 12);
-      uint32_t bits = ((pair & 0x00070007u) << 6) | ((pair & 0x00080008u) << 12);
-      __nv_bfloat162& v = reinterpret_cast<__nv_bfloat162&>(bits);
-      v = __hmul2(v, two126);
-      r[i] = bits;
+      r[i] = b12x::sm90::e2m1_pair_to_bf16x2((byte & 0xfu) | ((byte & 0xf0u) << 12));
     }
   }
 };
