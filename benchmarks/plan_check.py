@@ -11,9 +11,9 @@ picks from comes out of the same run.
     python benchmarks/plan_check.py --cpu-smoke         # the script's logic on CPU, a tiny shape, the reference
 
 For each shape × (format, activation) × M: the time of each backend that can run the pair on this GPU (a plan of
-that backend alone; one over PRUNE× the fastest and falling further behind is not timed at larger M), the
-dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; per model, the decoder layer's
-four linears summed. Timing as
+that backend alone; one over PRUNE× the fastest and falling further behind is not timed at larger M, but the
+largest), the dispatched time (bc.prepare_linear's plan) and bf16 F.linear, all in this run; per model, the decoder
+layer's four linears summed. Timing as
 benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. The
 check printed at the end: dispatched ≤ 1.15 × the fastest b12x backend at every point. `--emit-table` merges the
 per-backend times into a timing table, one entry per shape (a shape class: timings.py) of this GPU (its name),
@@ -58,6 +58,13 @@ PAIRS = [(f, "bf16", False) for f in bf.FORMATS if f != "W4A16_NVFP4"] + [
 ]  # fmt: skip
 TOLERANCE = 1.15
 L2_BYTES = 60 * 1024**2
+
+
+def timed(backend: str, m: int, pruned: set[str], top: int) -> bool:
+    """Whether a backend is timed at M: unless pruned, and always at the largest M (a pass whose cost is flat in M,
+    dequantize + GEMM, falls behind at small M and wins at the largest; a table without it there sends those tokens
+    to another backend)."""
+    return backend not in pruned or m == top
 
 
 def falling_behind(ratios: dict[str, float], before: dict[str, float]) -> set[str]:
@@ -137,7 +144,7 @@ def measure_pair(timer, device, name, n, k, pair, ms, rows, args) -> None:
         row = dict(shape=name, n=n, k=k, format=fmt, activation=activation, static=scale, mode=query.act_mode, m=m)
         row["backends"], row["timed_at"] = {}, {}
         for b, plans in single.items():
-            if b not in pruned:
+            if timed(b, m, pruned, top):
                 row["backends"][b] = timer(lambda i, p=plans: p[i].for_tokens(m).run(x, None), copies)
                 # wall clock at the end of its timing: joins the clocks / power / temperature log that
                 # tools/measure_tables.sh keeps (one timing of a full run measured 1.2x its time alone)

@@ -51,6 +51,13 @@ def test_plan_check_stops_timing_only_backends_that_fall_further_behind():
     # the GEMV grows away; dequant_gemm's flat fixed cost moves by noise only; a backend first timed now is kept
     assert falling_behind(now, before) == {"gemv"}
     assert falling_behind({"gemv": 0.9 * PRUNE}, {"gemv": 0.5 * PRUNE}) == set()  # not far behind yet
+    from plan_check import timed
+
+    # a pruned backend is timed again at the run's largest M, where a flat-cost pass (dequantize + GEMM) wins
+    assert not timed("dequant_gemm", 512, {"dequant_gemm"}, 4096) and timed(
+        "dequant_gemm", 4096, {"dequant_gemm"}, 4096
+    )
+    assert timed("triton_tiles", 512, {"dequant_gemm"}, 4096)
 
 
 def test_moe_table_holds_each_backend_and_the_held_rows_at_the_token_counts_run():
