@@ -21,6 +21,7 @@
 #include "cutlass/gemm/gemm.h"
 #include "cutlass/util/packed_stride.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "../../packages/b12x-kernels/csrc/sm90_mixed_layout.cuh"
 
 #ifndef SM90_MIXED_FP8_SHUFFLE
 #define SM90_MIXED_FP8_SHUFFLE 1
@@ -45,32 +46,9 @@ template <> struct QuantTraits<cutlass::int4b_t> {
   using ValueShuffle = cute::Layout<cute::Shape<cute::_2, cute::_4>, cute::Stride<cute::_4, cute::_1>>;  // [0,2,4,6,1,3,5,7]
 };
 
-// CUTLASS's compute_memory_reordering_atom (tools/util/include/cutlass/util/mixed_dtype_utils.hpp, BSD-3),
-// restated for one wgmma atom along K: that header pulls in curand through its fill helpers, which a CUDA
-// install without curand's headers cannot compile.
-template <class ValLayout>
-constexpr auto reordering_atom() {
-  using namespace cute;
-  // A's thread-value layout of a 64x16 bf16 register-A wgmma (the tile's N and the major-ness do not change it).
-  using MmaAtom = decltype(SM90::GMMA::rs_op_selector<MmaType, MmaType, float, Shape<_64, _16, _32>>());
-  using MmaTraits = MMA_Traits<MmaAtom>;
-  auto mk_shape_mma = select<0, 2>(typename MmaTraits::Shape_MNK{});
-  auto tv_layout_mma = typename MmaTraits::ALayout{};
-  static_assert(size<1>(tv_layout_mma) % size(ValLayout{}) == 0, "value layout must divide the MMA's values");
-  // One warp's (m, k) -> (thread, value), inverted.
-  auto tv_tiler_warp = make_shape(Int<32>{}, size<1>(tv_layout_mma));
-  auto mk_shape_warp = shape_div(mk_shape_mma, size(typename MmaTraits::ThrID{}) / Int<32>{});
-  auto tv_layout_mma_warp = make_layout_like(composition(tv_layout_mma, tv_tiler_warp));
-  auto mk_layout_mma_warp = right_inverse(tv_layout_mma_warp).with_shape(mk_shape_warp);
-  // One atom along K (example 55's NumShuffleAtoms = 1), kept in the same form as CUTLASS's helper.
-  auto atom_layout = Layout<Shape<_1, _1>>{};
-  auto mk_layout_mma_trgt = blocked_product(mk_layout_mma_warp, atom_layout);
-  // Each thread's values contiguous, permuted within the run by ValLayout.
-  auto val_to_offset = logical_product(ValLayout{}, size<1>(tv_layout_mma) / size(ValLayout{}) * size(atom_layout));
-  auto thr_to_offset = make_layout(size<0>(tv_layout_mma_warp));
-  auto tv_to_offset = select<1, 0>(logical_product(val_to_offset, thr_to_offset));
-  return composition(tv_to_offset, mk_layout_mma_trgt);
-}
+// The reordering atom is the package's (packages/b12x-kernels/csrc/sm90_mixed_layout.cuh): one definition for the
+// kernels b12x ships and this probe.
+using b12x::sm90::reordering_atom;
 
 template <class Quant>
 struct WeightLayout {
