@@ -205,3 +205,38 @@ def test_moe_profile_runs_each_case_and_names_its_plan_row():
     assert done.returncode == 0, done.stderr[-2000:]
     assert [line.split(":")[1] for line in done.stdout.splitlines()] == ["NVFP4", "Q8_0"], done.stdout
     assert all("reference" in line for line in done.stdout.splitlines())
+
+
+def test_sm90_tiles_summary_names_the_fastest_tile_and_the_rules(tmp_path):
+    """benchmarks/sm90_tiles.py --from-json: the layer's time per tile (linears summed), the fastest, the rule's."""
+    rows = [dict(linear=lin, format="bf16", form="F.linear", m=m, tokens=0, us=10.0) for lin in ("o", "qkv")
+            for m in (1, 512)]  # fmt: skip
+    rows += [dict(linear=lin, format="NVFP4", form="cutlass_sm90", m=m, tokens=t, us=us) for lin in ("o", "qkv")
+             for m, t, us in ((1, 16, 4.0), (1, 128, 8.0), (512, 128, 12.0), (512, 256, 9.0))]  # fmt: skip
+    saved = tmp_path / "tiles.json"
+    saved.write_text(json.dumps(dict(device="GPU", model="8b", ms=[1, 512], rows=rows)))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sm90_tiles.py"), "--from-json", str(saved)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if "M=" in line]
+    assert "16:     8.0 (2.50×)" in lines[0] and "best 16, rule 16" in lines[0]
+    assert "256:    18.0 (1.11×)" in lines[1] and "best 256, rule 256" in lines[1]
+
+
+def test_scaled_mm_scales_summary_sums_the_layer_per_variant(tmp_path):
+    """benchmarks/scaled_mm_scales.py --from-json: each variant's layer time (linears summed) against bf16."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from scaled_mm_scales import VARIANTS
+    finally:
+        sys.path.pop(0)
+    rows = [
+        dict(linear=lin, m=64, variant=v, us=10.0 if v == "bf16" else 4.0) for lin in ("o", "qkv") for v in VARIANTS
+    ]
+    saved = tmp_path / "scales.json"
+    saved.write_text(json.dumps(dict(device="GPU", ms=[64], rows=rows)))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/scaled_mm_scales.py"), "--from-json", str(saved)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("64") and last.count("(2.50×)") == len(VARIANTS) - 1 and "(1.00×)" in last

@@ -4,9 +4,10 @@ the cutlass_sm90 backend).
 On CPU: the block-scale carriers' relayout against a loop; the backend declines what it cannot run, with the reason;
 the binding refuses shapes before any CUDA call. On an sm_90 GPU (marked gpu): FP8, NVFP4 and MXFP4 weights of two
 fused shards with their own per-tensor factors, N a multiple of 64 but not of the 128-row tile, K a multiple of 64 but
-not of 128, M in {1, 7, 64, 300, 1024}, bias on and off, every scheduler split (data-parallel, CUTLASS's heuristic,
-stream-K), outputs and scratch poisoned first, against the b12x-core reference (closeness.py); repeats bit-identical;
-CUDA graph replay with new inputs (the stream-K barriers zeroed in the graph)."""
+not of 128, M in {1, 7, 64, 300, 1024} (each with the plan's token tile), bias on and off, every scheduler split
+(data-parallel, CUTLASS's heuristic, stream-K), outputs and scratch poisoned first, against the b12x-core reference
+(closeness.py); repeats bit-identical; every token tile at a partial and a several-tile M; CUDA graph replay with new
+inputs (the stream-K barriers zeroed in the graph)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,15 @@ def test_backend_declines_with_the_reason(form, query, why):
     assert not ok and why in reason
 
 
+def test_plans_give_each_m_its_token_tile():
+    """A decode-sized call takes the 16-token tile, a small batch 64, then 128, and prefill the 256-token tile; every
+    tile is one the kernels exist for."""
+    rows = CutlassSm90.configs(_query(), 1, 4096)
+    assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(1, 16, 16), (17, 64, 64), (65, 384, 128),
+                                                             (385, 4096, 256)]  # fmt: skip
+    assert {c["tokens"] for _, _, c in rows} == set(interface.SM90_MIXED.token_tiles)
+
+
 @pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
 def test_backend_takes_what_it_converts(form):
     for fmt in FORMATS:
@@ -88,6 +98,7 @@ def test_backend_takes_what_it_converts(form):
         (dict(k=32), "K a positive multiple of 64"),
         (dict(decomposition=3), "unknown decomposition"),
         (dict(sms=0), "sms >= 1"),
+        (dict(tokens=32), "no kernel for that token tile"),
     ],
 )
 def test_binding_refuses_bad_shapes_before_cuda(shape, why):
@@ -98,8 +109,8 @@ def test_binding_refuses_bad_shapes_before_cuda(shape, why):
 
 @pytest.mark.skipif(not kernels.sm90_mixed_built(), reason="the extension holds no sm_90a CUTLASS kernels")
 def test_kernels_are_sm90a_only_and_keep_their_values_in_registers():
-    """One CUTLASS kernel per weight kind, in the sm_90a code only, none with a stack frame or local memory (a spill,
-    or a device assert left in: a call inside the mainloop also serializes its wgmmas)."""
+    """One CUTLASS kernel per weight kind, layout and token tile, in the sm_90a code only, none with a stack frame or
+    local memory (a spill, or a device assert left in: a call inside the mainloop also serializes its wgmmas)."""
     from test_build import cuobjdump
 
     arch, current, kernels_seen = "", None, {}
@@ -113,7 +124,8 @@ def test_kernels_are_sm90a_only_and_keep_their_values_in_registers():
         elif "REG:" in line and current:
             usage = dict(field.split(":") for field in line.split())
             assert usage["STACK"] == "0" and usage["LOCAL"] == "0", f"{arch} {current[:120]} {line.strip()}"
-    assert len(kernels_seen) == len(interface.SM90_MIXED_WEIGHTS) * len(FORMS), kernels_seen
+    expected = len(interface.SM90_MIXED_WEIGHTS) * len(FORMS) * len(interface.SM90_MIXED.token_tiles)
+    assert len(kernels_seen) == expected, kernels_seen
     assert set(kernels_seen.values()) == {"sm_90a"}, kernels_seen
 
 
@@ -156,6 +168,27 @@ def test_matches_the_reference(rng, form, fmt, decomposition):
                 close(y, bc.linear(x[:m], ref, b))
                 again = row.backend.run(x[:m].cuda(), None if b is None else b.cuda(), config=config)
                 assert torch.equal(again, y), (fmt, activation, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", interface.SM90_MIXED.token_tiles)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
+def test_every_token_tile_matches_the_reference(rng, form, fmt, tokens):
+    """Each tile's kernel whatever M the plan gives it: one partial tile (7 tokens) and several with a partial last
+    one (300), under stream-K, which splits the fewest tiles finest."""
+    _sm90_here()
+    m_most = 300
+    x = torch.from_numpy(rng.standard_normal((m_most, K)).astype(np.float32)).to(torch.bfloat16)
+    shards = make_weight(rng, fmt, N // 2, K, True, x, shards=2)
+    gpu, ref = alone(form, shards, "bf16", "cuda", m_most)
+    bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16).cuda()
+    for m in (7, m_most):
+        row = gpu.for_tokens(m)
+        config = row.config | {"decomposition": "stream_k", "tokens": tokens}
+        workspace.poison(torch.device("cuda"))
+        y = row.backend.run(x[:m].cuda(), bias, config=config)
+        close(y, bc.linear(x[:m], ref, bias.cpu()))
 
 
 @pytest.mark.gpu

@@ -220,10 +220,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("sm90_mixed_built", &b12x::sm90::mixed_built);
   const auto mixed_args = [](int weight, bool reordered, int m_, int n, int k, std::uintptr_t w,
                              std::uintptr_t scales, std::uintptr_t x, std::uintptr_t y, std::uintptr_t alpha,
-                             std::uintptr_t bias, int decomposition, int sms) {
+                             std::uintptr_t bias, int decomposition, int sms, int tokens) {
     b12x::sm90::MixedGemmArgs a;
     a.weight = weight, a.reordered = reordered, a.m = m_, a.n = n, a.k = k, a.decomposition = decomposition;
-    a.sms = sms;
+    a.sms = sms, a.tokens = tokens;
     a.w = ptr<const void>(w), a.scales = ptr<const void>(scales), a.x = ptr<const void>(x), a.y = ptr<void>(y);
     a.alpha = ptr<const float>(alpha), a.bias = ptr<const void>(bias);
     if (!b12x::sm90::mixed_built()) throw std::runtime_error("sm90_mixed: this build holds no sm_90a kernels");
@@ -233,23 +233,24 @@ PYBIND11_MODULE(_C, m) {
   };
   m.def(
       "sm90_mixed_workspace_bytes",
-      [](int weight, bool reordered, int m_, int n, int k, int decomposition, int sms) {
+      [](int weight, bool reordered, int m_, int n, int k, int decomposition, int sms, int tokens) {
         if (!b12x::sm90::mixed_built()) throw std::runtime_error("sm90_mixed: this build holds no sm_90a kernels");
         b12x::sm90::MixedGemmArgs a;
         a.weight = weight, a.reordered = reordered, a.m = m_, a.n = n, a.k = k, a.decomposition = decomposition;
-        a.sms = sms;
+        a.sms = sms, a.tokens = tokens;
         if (const char* error = b12x::sm90::mixed_shape_error(a))
           throw std::invalid_argument(std::string("sm90_mixed: ") + error);
         return b12x::sm90::mixed_workspace_bytes(a);
       },
       py::arg("weight"), py::arg("reordered"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("decomposition"),
-      py::arg("sms"));
+      py::arg("sms"), py::arg("tokens") = 128);
   m.def(
       "sm90_mixed_gemm",
       [mixed_args](int weight, bool reordered, int m_, int n, int k, std::uintptr_t w, std::uintptr_t scales,
                    std::uintptr_t x, std::uintptr_t y, std::uintptr_t alpha, std::uintptr_t bias, int decomposition,
-                   int sms, std::uintptr_t workspace, size_t workspace_bytes, std::uintptr_t stream) {
-        const auto a = mixed_args(weight, reordered, m_, n, k, w, scales, x, y, alpha, bias, decomposition, sms);
+                   int sms, std::uintptr_t workspace, size_t workspace_bytes, std::uintptr_t stream, int tokens) {
+        const auto a =
+            mixed_args(weight, reordered, m_, n, k, w, scales, x, y, alpha, bias, decomposition, sms, tokens);
         if (b12x::sm90::mixed_workspace_bytes(a) > workspace_bytes)
           throw std::invalid_argument("sm90_mixed_gemm: workspace smaller than sm90_mixed_workspace_bytes");
         check(b12x::sm90::mixed_gemm(a, ptr<void>(workspace), workspace_bytes, stream_of(stream)),
@@ -257,7 +258,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weight"), py::arg("reordered"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("w"),
       py::arg("scales"), py::arg("x"), py::arg("y"), py::arg("alpha"), py::arg("bias"), py::arg("decomposition"),
-      py::arg("sms"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("stream"));
+      py::arg("sms"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("stream"), py::arg("tokens") = 128);
   m.def(
       "sm90_mixed_reorder",
       [](int weight, std::uintptr_t src, std::uintptr_t dst, int n, int k, std::uintptr_t stream) {

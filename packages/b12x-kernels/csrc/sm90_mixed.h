@@ -25,6 +25,11 @@ enum class MixedWeight : int {
 // How the persistent tile scheduler splits the work: a run-time choice of one compiled kernel.
 enum class Decomposition : int { DataParallel = 0, Heuristic = 1, StreamK = 2 };
 
+// The tile's tokens a kernel exists for (each kind and layout has all): 16 for decode-sized calls, where a wider tile's
+// padded MMAs would cost more than reading the weight; 64 for small batches; 128; 256 for prefill, which converts each
+// weight tile once for twice the tokens. Keep in step with b12x_kernels.interface.SM90_MIXED.token_tiles.
+constexpr int kMixedTokenTiles[] = {16, 64, 128, 256};
+
 struct MixedGemmArgs {
   int weight = 0;  // MixedWeight
   int m = 0, n = 0, k = 0;
@@ -37,9 +42,10 @@ struct MixedGemmArgs {
   int decomposition = 1;         // Decomposition
   int reordered = 1;             // 1: w in sm90_mixed_reorder's layout; 0: the checkpoint's (K-major rows)
   int sms = 0;                   // SMs the persistent grid covers (the device's count)
+  int tokens = 128;              // the tile's tokens: one of kMixedTokenTiles
 };
 
-// The shape rules every weight kind shares (kind, m, n, k, decomposition, sms); null when they hold.
+// The shape rules every weight kind shares (kind, m, n, k, decomposition, sms, tokens); null when they hold.
 const char* mixed_shape_error(const MixedGemmArgs& args);
 // The shape rules and the pointers' (non-null, 16-byte aligned); null when the arguments are valid.
 const char* mixed_args_error(const MixedGemmArgs& args);

@@ -1,4 +1,4 @@
-// The SM90 mixed-input GEMM for FP8 (e4m3) weights (sm90_mixed_gemm.cuh): one CUTLASS kernel, sm_90a only.
+// The SM90 mixed-input GEMM for FP8 (e4m3) weights (sm90_mixed_gemm.cuh): one CUTLASS kernel a token tile, sm_90a only.
 #include "sm90_mixed_gemm.cuh"
 
-B12X_SM90_MIXED_KIND(e4m3, cutlass::float_e4m3_t, void, true)
+B12X_SM90_MIXED_KIND(e4m3, cutlass::float_e4m3_t, void, true, 16, 64, 128, 256)

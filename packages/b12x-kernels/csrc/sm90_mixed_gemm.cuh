@@ -207,30 +207,40 @@ struct MixedInputUtils<CollectiveMma<Policy, TileShape, cute::tuple<Codes, b12x:
 namespace b12x::sm90 {
 
 // The epilogue every kind shares: D = alpha[n] * acc + bias[n] (per weight row, a row of the swapped problem), bf16
-// out through TMA. Built outside any template: gcc, as nvcc's host compiler, rejects CUTLASS's epilogue builder when
-// it is instantiated in a dependent context.
-using MixedTile = cute::Shape<cute::_128, cute::_128, cute::Int<kTileK>>;
+// out through TMA. One per token tile, each built outside any template: gcc, as nvcc's host compiler, rejects CUTLASS's
+// epilogue builder when it is instantiated in a dependent context.
+template <int kTokens>
+using MixedTile = cute::Shape<cute::_128, cute::Int<kTokens>, cute::Int<kTileK>>;
 using MixedCluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using MixedFusion = cutlass::epilogue::fusion::PerRowLinCombPerRowBiasEltAct<
     cutlass::epilogue::thread::Identity, cutlass::bfloat16_t, float, cutlass::bfloat16_t, cutlass::bfloat16_t, float>;
-using MixedEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, MixedTile, MixedCluster,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::ColumnMajor, 8,
-    cutlass::bfloat16_t, cutlass::layout::ColumnMajor, 8, cutlass::epilogue::TmaWarpSpecializedCooperative,
-    MixedFusion>::CollectiveOp;
-// What the mainloop's stages leave for the epilogue (named here for the same reason)
-constexpr int kMixedEpilogueSmem = static_cast<int>(sizeof(MixedEpilogue::SharedStorage));
+template <int kTokens>
+struct MixedEpilogueOf;
+#define B12X_SM90_MIXED_EPILOGUE(T)                                                                                   \
+  template <>                                                                                                        \
+  struct MixedEpilogueOf<T> {                                                                                        \
+    using type = cutlass::epilogue::collective::CollectiveBuilder<                                                   \
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, MixedTile<T>, MixedCluster,                             \
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::ColumnMajor, 8,        \
+        cutlass::bfloat16_t, cutlass::layout::ColumnMajor, 8, cutlass::epilogue::TmaWarpSpecializedCooperative,      \
+        MixedFusion>::CollectiveOp;                                                                                  \
+  };
+B12X_SM90_MIXED_EPILOGUE(16)
+B12X_SM90_MIXED_EPILOGUE(64)
+B12X_SM90_MIXED_EPILOGUE(128)
+B12X_SM90_MIXED_EPILOGUE(256)
+#undef B12X_SM90_MIXED_EPILOGUE
 
-// One kernel: the weight's codes (cutlass::float_e4m3_t or float_e2m1_t), block-scale carrier (void: none) and
-// layout (sm90_mixed_layout.cuh).
-template <class Codes, class Scales, bool kReordered>
+// One kernel: the weight's codes (cutlass::float_e4m3_t or float_e2m1_t), block-scale carrier (void: none), layout
+// (sm90_mixed_layout.cuh) and the tile's tokens (the problem's N: 128 weight rows x kTokens tokens x 64 k).
+template <class Codes, class Scales, bool kReordered, int kTokens>
 struct MixedGemm {
   using ElementX = cutlass::bfloat16_t;
   using ElementY = cutlass::bfloat16_t;
   using ElementAcc = float;
   static constexpr bool kScaled = !cute::is_void_v<Scales>;
 
-  using TileShape = MixedTile;
+  using TileShape = MixedTile<kTokens>;
   using ClusterShape = MixedCluster;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 
@@ -241,13 +251,15 @@ struct MixedGemm {
   using LayoutD = cutlass::layout::ColumnMajor;
   using WLayout = WeightLayout<Codes, kReordered>;
 
-  using EpilogueOp = MixedEpilogue;
+  using EpilogueOp = typename MixedEpilogueOf<kTokens>::type;
+  // What the mainloop's stages leave for the epilogue
+  static constexpr int kEpilogueSmem = static_cast<int>(sizeof(typename EpilogueOp::SharedStorage));
 
   using MainloopW = cute::conditional_t<kScaled, cute::tuple<Codes, Scales>, Codes>;
   using MainloopOp = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, MainloopW, typename WLayout::Builder, kAlignW, ElementX,
       LayoutX, kAlign16, ElementAcc, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kMixedEpilogueSmem>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>,
       KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, MainloopOp,
@@ -314,12 +326,32 @@ struct MixedGemm {
   }
 };
 
+// The kernels of one weight kind and layout, one per token tile: a call runs the one its MixedGemmArgs::tokens names
+// (mixed_shape_error admits only kMixedTokenTiles).
+template <class Codes, class Scales, bool kReordered, int... kTokens>
+struct MixedTiles {
+  static size_t workspace_bytes(const MixedGemmArgs& a) {
+    size_t bytes = 0;
+    ((a.tokens == kTokens ? (bytes = MixedGemm<Codes, Scales, kReordered, kTokens>::workspace_bytes(a), 0) : 0), ...);
+    return bytes;
+  }
+  static cudaError_t run(const MixedGemmArgs& a, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    cudaError_t e = cudaErrorInvalidValue;
+    ((a.tokens == kTokens
+          ? (e = MixedGemm<Codes, Scales, kReordered, kTokens>::run(a, workspace, workspace_bytes, stream), 0)
+          : 0),
+     ...);
+    return e;
+  }
+};
+
 }  // namespace b12x::sm90
 
-// Defines the kind's workspace and run functions (sm90_mixed_<kind>.cu): one CUTLASS kernel a translation unit.
-#define B12X_SM90_MIXED_KIND(NAME, CODES, SCALES, REORDERED)                                                 \
+// Defines the kind's workspace and run functions (sm90_mixed_<kind>.cu): the kernels of one translation unit, the
+// token tiles listed after the layout.
+#define B12X_SM90_MIXED_KIND(NAME, CODES, SCALES, REORDERED, ...)                                            \
   namespace b12x::sm90 {                                                                                     \
-  using Gemm_##NAME = MixedGemm<CODES, SCALES, REORDERED>;                                                   \
+  using Gemm_##NAME = MixedTiles<CODES, SCALES, REORDERED, __VA_ARGS__>;                                     \
   size_t mixed_workspace_##NAME(const MixedGemmArgs& a) { return Gemm_##NAME::workspace_bytes(a); }         \
   cudaError_t mixed_gemm_##NAME(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {            \
     return Gemm_##NAME::run(a, ws, bytes, s);                                                                \

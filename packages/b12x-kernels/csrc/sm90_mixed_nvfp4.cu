@@ -1,4 +1,4 @@
-// The SM90 mixed-input GEMM for NVFP4 weights (sm90_mixed_gemm.cuh): one CUTLASS kernel, sm_90a only.
+// The SM90 mixed-input GEMM for NVFP4 weights (sm90_mixed_gemm.cuh): one CUTLASS kernel a token tile, sm_90a only.
 #include "sm90_mixed_gemm.cuh"
 
-B12X_SM90_MIXED_KIND(nvfp4, cutlass::float_e2m1_t, NvFp4Scales, true)
+B12X_SM90_MIXED_KIND(nvfp4, cutlass::float_e2m1_t, NvFp4Scales, true, 16, 64, 128, 256)

@@ -27,6 +27,9 @@ const char* mixed_shape_error(const MixedGemmArgs& a) {
   if (a.k < kTileK || a.k % kTileK) return "needs K a positive multiple of 64";
   if (a.decomposition < 0 || a.decomposition > 2) return "unknown decomposition";
   if (a.sms < 1) return "needs sms >= 1";
+  bool tile = false;
+  for (int t : kMixedTokenTiles) tile |= a.tokens == t;
+  if (!tile) return "no kernel for that token tile (16, 64, 128 or 256 tokens)";
   return nullptr;
 }
 

@@ -82,10 +82,12 @@ def _needs_build(name: str):
 #       lane registers, a uint32 [fragments, 32, 4], b [.., 2], c and d float32 [.., 4], sfa and sfb uint32
 #       [fragments, 32]: the instruction on sm_120a / sm_121a, its emulation (block_scaled_mma's model) elsewhere
 #   sm90_mixed_gemm(weight, reordered, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace,
-#       workspace_bytes, stream): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a; csrc/sm90_mixed.h):
-#       y[m, n] = (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in the layout
-#       sm90_mixed_reorder writes (reordered) or the checkpoint's K-major rows
-#   sm90_mixed_workspace_bytes(weight, reordered, m, n, k, decomposition, sms): the scheduler's scratch for that shape
+#       workspace_bytes, stream, tokens=128): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a;
+#       csrc/sm90_mixed.h): y[m, n] = (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in
+#       the layout sm90_mixed_reorder writes (reordered) or the checkpoint's K-major rows, tokens the tile's
+#       (interface.SM90_MIXED.token_tiles)
+#   sm90_mixed_workspace_bytes(weight, reordered, m, n, k, decomposition, sms, tokens=128): the scheduler's scratch
+#       for that shape and tile
 #   sm90_mixed_reorder(weight, src, dst, n, k, stream): logical codes [n, k] -> the layout the kernel reads
 #   sm90_mixed_built(): whether this build holds those kernels (it targets sm_90)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")

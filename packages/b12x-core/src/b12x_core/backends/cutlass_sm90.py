@@ -20,13 +20,21 @@ from .. import kernels, workspace
 from ..kernels import interface
 from ..weights import stack
 from . import operands
-from .base import Backend, cuda_reason
+from .base import Backend, config_ranges, cuda_reason
 
 FAMILY = interface.SM90_MIXED
 TILE_K = interface.SM90_MIXED_TILE_K
 # The scheduler's split (interface.SM90_MIXED_DECOMPOSITIONS), a plan row's config: CUTLASS's heuristic chooses
 # data-parallel or stream-K per shape and SM count.
 DECOMPOSITION = "heuristic"
+
+
+def token_tile(m: int) -> int:
+    """The CTA tile's tokens for a call of m tokens (a plan row's config "tokens", one of FAMILY.token_tiles). Every
+    tile converts its weight tile again, and a tile's padded tokens still cost MMAs: 16 up to 16 tokens, where a wider
+    tile's MMAs would take longer than reading the weight; 64 up to 64; 128 up to 384; 256 above, which converts each
+    weight tile once for twice the tokens."""
+    return 16 if m <= 16 else 64 if m <= 64 else 128 if m <= 384 else 256
 
 
 def _decomposition(config) -> int:
@@ -99,12 +107,13 @@ class CutlassSm90(Backend):
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
-        return [(lo, hi, {"decomposition": DECOMPOSITION})]
+        return config_ranges(lo, hi, lambda m: {"decomposition": DECOMPOSITION, "tokens": token_tile(m)})
 
     def _scheduler_bytes(self, tokens: int, config) -> int:
         q = self.query
         return kernels.sm90_mixed_workspace_bytes(interface.SM90_MIXED_WEIGHTS[q.format], self.layout.reordered, tokens,
-                                                  q.n, q.k, _decomposition(config), q.device.sms)  # fmt: skip
+                                                  q.n, q.k, _decomposition(config), q.device.sms,
+                                                  config["tokens"])  # fmt: skip
 
     def _specs(self, tokens: int, config, scheduler_bytes: int) -> list:
         """The bf16 operands (modes other than bf16) and the scheduler's scratch (16 bytes at least: a pointer)."""
@@ -112,9 +121,9 @@ class CutlassSm90(Backend):
                                                                                  torch.uint8)]  # fmt: skip
 
     def scratch_bytes(self, tokens, config):
-        # The scheduler's scratch follows the count of 128-token tiles, not monotonically (stream-K splits fewer
-        # tiles finer): the most over every tile count up to `tokens`.
-        tile = FAMILY.token_tiles[0]
+        # The scheduler's scratch follows the count of token tiles, not monotonically (stream-K splits fewer tiles
+        # finer): the most over every tile count up to `tokens`.
+        tile = config["tokens"]
         most = max(self._scheduler_bytes(min(t, tokens), config) for t in range(tile, tokens + tile, tile))
         return workspace.nbytes(self._specs(tokens, config, most))
 
@@ -135,7 +144,7 @@ class CutlassSm90(Backend):
             0 if lay.scales is None else lay.scales.data_ptr(), xv.data_ptr(), y.data_ptr(),
             lay.row_factor.data_ptr(), 0 if bias is None else bias.data_ptr(),
             _decomposition(config), q.device.sms, scratch.data_ptr(),
-            scratch.numel(), torch.cuda.current_stream(x2.device).cuda_stream,
+            scratch.numel(), torch.cuda.current_stream(x2.device).cuda_stream, config["tokens"],
         )  # fmt: skip
         return y
 
