@@ -88,7 +88,7 @@ def summary(out: dict) -> list[str]:
             tiles = {key[3]: layer[key] for key in keys if key in layer}
             best = min(tiles, key=tiles.get)
             cells = "  ".join(f"{t}:{us:8.1f} ({bf16 / us:4.2f}×)" for t, us in tiles.items())
-            lines.append(f"  M={m:<5} bf16 {bf16:8.1f}  {cells}  best {best}, rule {token_tile(m)}")
+            lines.append(f"  M={m:<5} bf16 {bf16:8.1f}  {cells}  best {best}, rule {token_tile(fmt, m)}")
     return lines
 
 

@@ -72,12 +72,13 @@ def test_backend_declines_with_the_reason(form, query, why):
 
 
 def test_plans_give_each_m_its_token_tile():
-    """A decode-sized call takes the 16-token tile, a small batch 64, then 128, and prefill the 256-token tile; every
-    tile is one the kernels exist for."""
-    rows = CutlassSm90.configs(_query(), 1, 4096)
-    assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(1, 16, 16), (17, 64, 64), (65, 384, 128),
-                                                             (385, 4096, 256)]  # fmt: skip
-    assert {c["tokens"] for _, _, c in rows} == set(interface.SM90_MIXED.token_tiles)
+    """A decode-sized call takes the 16-token tile, a small batch 64, then 128, and prefill the 256-token tile (from
+    fewer tokens for 4-bit codes, whose conversion costs more); every tile is one the kernels exist for."""
+    for fmt, from_256 in (("NVFP4", 193), ("MXFP4", 193), ("FP8", 513)):
+        rows = CutlassSm90.configs(_query(fmt=fmt), 1, 4096)
+        assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(1, 16, 16), (17, 64, 64), (65, from_256 - 1, 128),
+                                                                 (from_256, 4096, 256)]  # fmt: skip
+        assert {c["tokens"] for _, _, c in rows} == set(interface.SM90_MIXED.token_tiles)
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)
@@ -186,6 +187,8 @@ def test_every_token_tile_matches_the_reference(rng, form, fmt, tokens):
     for m in (7, m_most):
         row = gpu.for_tokens(m)
         config = row.config | {"decomposition": "stream_k", "tokens": tokens}
+        # the plan reserved scratch for its own tile; this one's stream-K partials may need more
+        workspace.reserve_scratch(torch.device("cuda"), row.backend.scratch_bytes(m, config))
         workspace.poison(torch.device("cuda"))
         y = row.backend.run(x[:m].cuda(), bias, config=config)
         close(y, bc.linear(x[:m], ref, bias.cpu()))
