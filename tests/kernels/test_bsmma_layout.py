@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from bsmma_emulator import gemm as emulated_gemm
 
 import b12x_formats as bf
 from b12x_core import activations, plan
@@ -19,7 +20,6 @@ from b12x_core.backends.block_scaled_mma import BlockScaledMma
 from b12x_core.block_scaled import layout, probe
 from b12x_core.errors import BackendWithdrawn
 from b12x_core.selftest import checks
-from bsmma_emulator import gemm as emulated_gemm
 
 PAIRS = [("NVFP4", "nvfp4"), ("MXFP8", "mxfp8"), ("MXFP4", "mxfp8")]
 CUDA = torch.device("cuda", 0)

@@ -18,10 +18,11 @@ import importlib
 import b12x_kernels
 from b12x_kernels import block_scaled_mma, interface
 
-__all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "built", "compiled_archs", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface",
-           "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built",
-           "sm90_mixed_gemm", "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "unavailable_reason",
-           "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
+__all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "built", "compiled_archs", "embedding_q8_0",
+           "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes",
+           "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm", "sm90_mixed_reorder",
+           "sm90_mixed_workspace_bytes",
+           "unavailable_reason", "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
 TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
 

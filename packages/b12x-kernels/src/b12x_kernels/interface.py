@@ -148,9 +148,17 @@ BsmmaArgs = _block(
     "bsmma_gemm: y[m, n] = row_scale[n] · sum_k x̂[m, k] · W[n, k] (+ bias[n]) on SM12x's block-scaled mma.sync.",
     [
         ("kind", "int", "the instruction, a bsmma::Kind (block_scaled_mma.kind_id): NVFP4, MXF8 or MXF4_MXF8"),
-        ("codes", "const uint8_t*", "weight codes in the lanes' A register order (block_scaled.layout), 16-byte aligned"),
+        (
+            "codes",
+            "const uint8_t*",
+            "weight codes in the lanes' A register order (block_scaled.layout), 16-byte aligned",
+        ),
         ("scales", "const uint8_t*", "weight scale words in scale-a-data order, 8-byte aligned"),
-        ("row_scale", "const float*", "per weight row factor of the result (shard factor · activation factor), or null"),
+        (
+            "row_scale",
+            "const float*",
+            "per weight row factor of the result (shard factor · activation factor), or null",
+        ),
         ("x_scale", "float", "nvfp4 activations: the global scale 1 / input_scale (float32); unused for mxfp8"),
         ("ldy", "int", "row stride of y"),
         ("N", "int", "weight rows"),

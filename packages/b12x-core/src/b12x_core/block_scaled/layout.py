@@ -13,7 +13,7 @@ the t-th quarter of half c of the step's K (NVFP4: 8 e2m1 codes; MXF8: 4 e4m3 co
 byte containers). In a row's checkpoint bytes that quarter is `step_bytes / 8` consecutive bytes at
 (step_bytes / 2)·c + (step_bytes / 8)·t of the step, so the repack only moves bytes:
 
-    codes [tile][unit][lane][step][c][h][quarter bytes]      (a lane's unit in 16-byte loads, a step's registers in order)
+    codes [tile][unit][lane][step][c][h][quarter bytes]    (a lane's unit in 16-byte loads, its registers in order)
 
 MXF4_MXF8's e2m1 stays two a byte (its quarter is 2 bytes; the kernel widens each into the byte containers), so
 the layout is no larger than the checkpoint. Scales: under thread-id-a 0 lane 4g + h supplies scale-a-data of row

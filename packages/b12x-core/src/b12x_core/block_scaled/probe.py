@@ -55,8 +55,10 @@ def run_on_device(w: layout.BsmmaWeight, x: torch.Tensor, act_mode: str, input_s
     x_scale = float(np.float32(1.0) / np.float32(input_scale)) if act_mode == "nvfp4" else 0.0
     shard = gemm.upload(w, np.ones(w.n, np.float32), x_scale, device)
     x = x.to(device)
-    buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in layout.x_specs(w.instruction,
-                                                                                                 x.shape[0], w.k)]
+    buffers = [
+        torch.empty(shape, dtype=dtype, device=device)
+        for shape, dtype in layout.x_specs(w.instruction, x.shape[0], w.k)
+    ]
     y = torch.full((x.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device=device)
     gemm.run(x, shard, y, None, mt, buffers, torch.cuda.current_stream(device).cuda_stream)
     torch.cuda.current_stream(device).synchronize()
