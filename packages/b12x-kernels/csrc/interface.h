@@ -21,6 +21,7 @@ constexpr int MMA_CHUNK_K_MXFP4 = 128;
 constexpr int MMA_CHUNK_K_Q8_0 = 64;
 constexpr int MMA_CHUNK_K_IQ2_XXS = 256;
 constexpr int MMA_CHUNK_K_IQ2_XS = 256;
+constexpr int BSMMA_UNIT_K = 128;  // bsmma_gemm's K unit (interface.BSMMA)
 
 // What the tensor-core GEMM's result becomes (MmaArgs::epilogue).
 enum MmaOut : int {
@@ -92,5 +93,21 @@ struct MmaArgs {
   float x_quant_scale;            // x_quant's scale: fp8 static divides by it, nvfp4's global scale (1/input_scale)
 };
 static_assert(sizeof(MmaArgs) == 120, "MmaArgs: b12x_kernels/interface.py lays it out differently");
+
+// bsmma_gemm: y[m, n] = row_scale[n] · sum_k x̂[m, k] · W[n, k] (+ bias[n]) on SM12x's block-scaled mma.sync.
+struct BsmmaArgs {
+  int kind;                       // the instruction, a bsmma::Kind (block_scaled_mma.kind_id): NVFP4, MXF8 or MXF4_MXF8
+  const uint8_t* codes;           // weight codes in the lanes' A register order (block_scaled.layout), 16-byte aligned
+  const uint8_t* scales;          // weight scale words in scale-a-data order, 8-byte aligned
+  const float* row_scale;         // per weight row factor of the result (shard factor · activation factor), or null
+  float x_scale;                  // nvfp4 activations: the global scale 1 / input_scale (float32); unused for mxfp8
+  int ldy;                        // row stride of y
+  int N;                          // weight rows
+  int K;                          // the activations' columns
+  int units;                      // K units of BSMMA_UNIT_K in the repacked weight (K padded with zero codes)
+  int mt;                         // token fragments of 8 a warp: 1 or 4
+  int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
+};
+static_assert(sizeof(BsmmaArgs) == 64, "BsmmaArgs: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

@@ -106,4 +106,13 @@ cudaError_t block_scaled_mma_probe(int kind, const uint32_t* a, const uint32_t* 
                                    const uint32_t* sfa, const uint32_t* sfb, float* d, int fragments, int byte_id_a,
                                    int thread_id_a, int byte_id_b, int thread_id_b, cudaStream_t stream);
 
+// SM12x's block-scaled mma.sync GEMM (bsmma_gemm.cu): x (bf16 [M, K]) quantized into xq / xs (scratch of
+// bsmma_x_bytes(kind, M, units, false / true) bytes, 16-byte aligned), then y[m·ldy + n] = row_scale[n] · x̂ · W (+ bias)
+// in bf16: two launches. The instruction on sm_120a / sm_121a, its exact model (bsmma::emulate) elsewhere.
+// bsmma_args_error: why the argument block cannot run (null: it can).
+const char* bsmma_args_error(const BsmmaArgs& args);
+size_t bsmma_x_bytes(int kind, int M, int units, bool scales);
+cudaError_t bsmma_gemm(const BsmmaArgs& args, const __nv_bfloat16* x, uint8_t* xq, uint8_t* xs,
+                       const __nv_bfloat16* bias, __nv_bfloat16* y, int M, cudaStream_t stream);
+
 }  // namespace b12x

@@ -215,6 +215,27 @@ PYBIND11_MODULE(_C, m) {
       py::arg("fragments"), py::arg("byte_id_a"), py::arg("thread_id_a"), py::arg("byte_id_b"),
       py::arg("thread_id_b"), py::arg("stream"));
 
+  // SM12x's block-scaled mma.sync GEMM (csrc/bsmma_gemm.cu): the activation pass into xq / xs, then the GEMM.
+  m.def(
+      "bsmma_gemm",
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t xq, std::uintptr_t xs, std::uintptr_t bias,
+         std::uintptr_t y, int M, std::uintptr_t stream) {
+        const auto p = args_of<b12x::BsmmaArgs>(args_bytes, "bsmma_gemm");
+        if (const char* error = b12x::bsmma_args_error(p)) throw std::invalid_argument(error);
+        if (M < 1) throw std::invalid_argument("bsmma_gemm: need M >= 1");
+        if (!x || !xq || !xs || !y || xq % 16 || xs % 4 || x % 2)
+          throw std::invalid_argument("bsmma_gemm: null or misaligned x / xq (16 bytes) / xs (4 bytes) / y");
+        check(b12x::bsmma_gemm(p, ptr<const __nv_bfloat16>(x), ptr<uint8_t>(xq), ptr<uint8_t>(xs),
+                               ptr<const __nv_bfloat16>(bias), ptr<__nv_bfloat16>(y), M, stream_of(stream)),
+              "bsmma_gemm launch");
+      },
+      py::arg("args"), py::arg("x"), py::arg("xq"), py::arg("xs"), py::arg("bias"), py::arg("y"), py::arg("M"),
+      py::arg("stream"));
+  m.def(
+      "bsmma_x_bytes",
+      [](int kind, int M, int units, bool scales) { return b12x::bsmma_x_bytes(kind, M, units, scales); },
+      py::arg("kind"), py::arg("M"), py::arg("units"), py::arg("scales"));
+
   // The Hopper mixed-input GEMM on CUTLASS's SM90 pieces (csrc/sm90_mixed.h; compiled for sm_90a only, and only
   // when the build targets sm_90: sm90_mixed_built says whether this build holds it).
   m.def("sm90_mixed_built", &b12x::sm90::mixed_built);

@@ -2,6 +2,7 @@
 checks), so what core asks of the device code is listed here.
 
 - `interface`: the CUDA families' argument blocks and capability models (b12x_kernels.interface, pure Python).
+- `block_scaled_mma`: SM12x's block-scaled mma.sync as data and its exact NumPy model (pure Python).
 - The CUDA extension's bindings (`mma_gemm`, `gemv_elem`, ...): looked up on b12x_kernels at each call, so an
   install without the extension imports (each binding then raises, naming the missing build) and tests may replace a
   binding on b12x_kernels itself.
@@ -15,12 +16,13 @@ from __future__ import annotations
 import importlib
 
 import b12x_kernels
-from b12x_kernels import interface
+from b12x_kernels import block_scaled_mma, interface
 
-__all__ = ["TRITON_MODULES", "built", "compiled_archs", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface",
-           "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built",
-           "sm90_mixed_gemm", "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "unavailable_reason",
-           "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
+__all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "built", "compiled_archs", "embedding_q8_0",
+           "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes",
+           "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm", "sm90_mixed_reorder",
+           "sm90_mixed_workspace_bytes",
+           "unavailable_reason", "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
 TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
 
@@ -65,6 +67,10 @@ def gemv_elem(args: bytes, *per_call, **kwargs) -> None:
 
 def mma_gemm(args: bytes, *per_call, **kwargs) -> None:
     b12x_kernels.mma_gemm(args, *per_call, **kwargs)
+
+
+def bsmma_gemm(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.bsmma_gemm(args, *per_call, **kwargs)
 
 
 def mma_dequantize(args: bytes, *per_call, **kwargs) -> None:

@@ -81,6 +81,10 @@ def _needs_build(name: str):
 #       stream): SM12x's block-scaled mma.sync (kind: block_scaled_mma.kind_id) once per warp for each fragment of
 #       lane registers, a uint32 [fragments, 32, 4], b [.., 2], c and d float32 [.., 4], sfa and sfb uint32
 #       [fragments, 32]: the instruction on sm_120a / sm_121a, its emulation (block_scaled_mma's model) elsewhere
+#   bsmma_gemm(args: BsmmaArgs, x, xq, xs, bias, y, m, stream): SM12x's block-scaled mma.sync GEMM (the instruction
+#       on sm_120a / sm_121a, its exact model elsewhere): x quantized into the scratch xq / xs (bsmma_x_bytes(kind, m,
+#       units, scales) bytes each), then y = row_scale · x̂ · W (+ bias), bf16
+#   bsmma_x_bytes(kind, m, units, scales): those scratch sizes
 #   sm90_mixed_gemm(weight, reordered, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace,
 #       workspace_bytes, stream, tokens=128): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a;
 #       csrc/sm90_mixed.h): y[m, n] = (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in
@@ -100,6 +104,8 @@ mma_dequantize = _C.mma_dequantize if _C else _needs_build("mma_dequantize")
 mma_blocks_per_sm = _C.mma_blocks_per_sm if _C else _needs_build("mma_blocks_per_sm")
 mma_smem_bytes = _C.mma_smem_bytes if _C else _needs_build("mma_smem_bytes")
 block_scaled_mma_probe = _C.block_scaled_mma_probe if _C else _needs_build("block_scaled_mma_probe")
+bsmma_gemm = _C.bsmma_gemm if _C else _needs_build("bsmma_gemm")
+bsmma_x_bytes = _C.bsmma_x_bytes if _C else _needs_build("bsmma_x_bytes")
 sm90_mixed_gemm = _C.sm90_mixed_gemm if _C else _needs_build("sm90_mixed_gemm")
 sm90_mixed_workspace_bytes = _C.sm90_mixed_workspace_bytes if _C else _needs_build("sm90_mixed_workspace_bytes")
 sm90_mixed_reorder = _C.sm90_mixed_reorder if _C else _needs_build("sm90_mixed_reorder")

@@ -143,7 +143,33 @@ MmaArgs = _block(
     ],
 )
 
-BLOCKS = (GemvGgmlArgs, GemvElemArgs, MmaArgs)
+BsmmaArgs = _block(
+    "BsmmaArgs",
+    "bsmma_gemm: y[m, n] = row_scale[n] · sum_k x̂[m, k] · W[n, k] (+ bias[n]) on SM12x's block-scaled mma.sync.",
+    [
+        ("kind", "int", "the instruction, a bsmma::Kind (block_scaled_mma.kind_id): NVFP4, MXF8 or MXF4_MXF8"),
+        (
+            "codes",
+            "const uint8_t*",
+            "weight codes in the lanes' A register order (block_scaled.layout), 16-byte aligned",
+        ),
+        ("scales", "const uint8_t*", "weight scale words in scale-a-data order, 8-byte aligned"),
+        (
+            "row_scale",
+            "const float*",
+            "per weight row factor of the result (shard factor · activation factor), or null",
+        ),
+        ("x_scale", "float", "nvfp4 activations: the global scale 1 / input_scale (float32); unused for mxfp8"),
+        ("ldy", "int", "row stride of y"),
+        ("N", "int", "weight rows"),
+        ("K", "int", "the activations' columns"),
+        ("units", "int", "K units of BSMMA_UNIT_K in the repacked weight (K padded with zero codes)"),
+        ("mt", "int", "token fragments of 8 a warp: 1 or 4"),
+        ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
+    ],
+)
+
+BLOCKS = (GemvGgmlArgs, GemvElemArgs, MmaArgs, BsmmaArgs)
 
 
 # ------------------------------------------------------------------------------------ the families' capabilities
@@ -213,7 +239,25 @@ SM90_MIXED_WEIGHTS = {"FP8": 0, "NVFP4": 1, "MXFP4": 2}  # csrc/sm90_mixed.h Mix
 SM90_MIXED_DECOMPOSITIONS = ("data_parallel", "heuristic", "stream_k")  # csrc/sm90_mixed.h Decomposition
 SM90_MIXED_TILE_K = 64  # the k-tile: K and N must be multiples of it; one block-scale carrier a row and k-tile
 SM90_MIXED_CAPABILITY = (9, 0)
-FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BsmmaFamily(Family):
+    """SM12x's block-scaled mma.sync GEMM (csrc/bsmma_gemm.cu). token_tiles: mt, 8·mt tokens a warp."""
+
+    # (weight format, activation mode) -> its instruction (b12x_kernels.block_scaled_mma.DEVICE_INSTRUCTIONS' name)
+    instructions: dict[tuple[str, str], str]
+    unit_k: int  # K a step of the kernel's loop: the weight and the quantized activations are padded to whole units
+    capability_major: int  # the GPUs that run the instruction (compute capability 12.x); elsewhere its exact model
+
+
+BSMMA_UNIT_K = 128
+BSMMA = BsmmaFamily(
+    name="bsmma_gemm", args=BsmmaArgs, formats=("NVFP4", "MXFP4", "MXFP8"), act_modes=("nvfp4", "mxfp8"),
+    token_tiles=(1, 4), unit_k=BSMMA_UNIT_K, capability_major=12,
+    instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP8", "mxfp8"): "MXF8", ("MXFP4", "mxfp8"): "MXF4_MXF8"},
+)  # fmt: skip
+FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, BSMMA)
 
 
 def pack(block: type[ctypes.Structure], **fields) -> bytes:
@@ -235,6 +279,7 @@ def header() -> str:
         lines.append(f"constexpr int MMA_{name} = {globals()[name]};")
     for fmt in LAYOUTS:
         lines.append(f"constexpr int MMA_CHUNK_K_{fmt} = {chunk_k(fmt)};")
+    lines.append(f"constexpr int BSMMA_UNIT_K = {BSMMA_UNIT_K};  // bsmma_gemm's K unit (interface.BSMMA)")
     lines += ["", "// What the tensor-core GEMM's result becomes (MmaArgs::epilogue).", "enum MmaOut : int {"]
     lines += [f"  MMA_OUT_{name.upper()} = {i}," for i, name in enumerate(EPILOGUES)]
     lines += ["};", ""]

@@ -4,6 +4,7 @@ plan). A new backend is one module with a `Backend` subclass and one line here; 
 from __future__ import annotations
 
 from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
+from .block_scaled_mma import BlockScaledMma
 from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
@@ -16,6 +17,9 @@ from .triton_moe import TritonMoE
 from .triton_tiles import TritonTiles
 
 REGISTRY: tuple[type[Backend], ...] = (
+    # SM12x only (elsewhere it declines): its quantized-activation pairs on the block-scaled mma.sync, first at every
+    # token count while nothing is measured there (its first prepare probes the instruction; block_scaled/probe.py)
+    BlockScaledMma,
     TensorCoreGemm,
     CudaGemv,
     ScaledMM,

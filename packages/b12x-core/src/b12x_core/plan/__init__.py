@@ -26,6 +26,7 @@ import torch
 from .. import workspace
 from ..backends import Backend, Query
 from ..backends.base import UNBOUNDED
+from ..errors import BackendWithdrawn
 from .choosing import choose, warn_if_not_built
 from .copies import common_layouts, one_copy, shared_layout, weight_copies
 from .table import Decision, Plan, Row
@@ -76,7 +77,12 @@ def build(query: Query, weights, entries=None, only: type[Backend] | None = None
     rows = []
     for d in decisions:
         if d.backend not in prepared:
-            prepared[d.backend] = d.backend.prepare(query, weights)
+            try:
+                prepared[d.backend] = d.backend.prepare(query, weights)
+            except BackendWithdrawn:  # its first-use check failed: it now declines, so choose again without it
+                if only is not None:
+                    raise
+                return build(query, weights, entries, None, warm)
         backend = prepared[d.backend]
         rows += [Row(lo, hi, backend, config, d) for lo, hi, config in d.backend.configs(query, d.lo, d.hi, layout)]
     for backend in prepared.values():
