@@ -7,6 +7,7 @@ from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
 from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
+from .cutlass_sm90_moe import CutlassSm90MoE
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
@@ -32,6 +33,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     TensorCoreMoE,
     TritonMoE,
     TensorCoreMoEWgmma,  # after the others: chosen only where the measured MoE table says it is faster
+    CutlassSm90MoE,  # likewise
     CudaEmbeddingQ8_0,
     ReferenceLinear,
     ReferenceMoE,
