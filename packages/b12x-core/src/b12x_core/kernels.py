@@ -5,9 +5,9 @@ checks), so what core asks of the device code is listed here.
 - The CUDA extension's bindings (`mma_gemm`, `gemv_elem`, ...): looked up on b12x_kernels at each call, so an
   install without the extension imports (each binding then raises, naming the missing build) and tests may replace a
   binding on b12x_kernels itself.
-- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_dequant`, `moe_sorted`): imported on first use
-  (`kernels.tiles`, or `from b12x_core.kernels import tiles` inside a function), so b12x_core imports where Triton
-  does not.
+- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_dequant`, `moe_sorted`): imported on
+  first use (`kernels.tiles`, or `from b12x_core.kernels import tiles` inside a function), so b12x_core imports where
+  Triton does not.
 """
 
 from __future__ import annotations

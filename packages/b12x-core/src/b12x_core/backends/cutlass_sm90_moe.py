@@ -104,11 +104,10 @@ class CutlassSm90MoE(Backend):
     def _gemm_bytes(self) -> int:
         """The workspace of either GEMM (they run one after the other on the stream and share it): the larger."""
         q, shape = self.query, self.query.moe
-        w13 = interface.SM90_MOE_WEIGHTS[q.format]
-        w2 = interface.SM90_MOE_WEIGHTS[shape.w2_format]
-        return max(kernels.sm90_moe_workspace_bytes(w13, shape.experts, rows13(shape), shape.hidden, True, q.device.sms),
+        w13, w2, sms = interface.SM90_MOE_WEIGHTS[q.format], interface.SM90_MOE_WEIGHTS[shape.w2_format], q.device.sms
+        return max(kernels.sm90_moe_workspace_bytes(w13, shape.experts, rows13(shape), shape.hidden, True, sms),
                    kernels.sm90_moe_workspace_bytes(w2, shape.experts, shape.hidden, shape.intermediate, False,
-                                                    q.device.sms))  # fmt: skip
+                                                    sms))  # fmt: skip
 
     def _specs(self, tokens: int) -> list:
         """Scratch: x's operand pass, x's sorted rows, the gate/up GEMM's float32 rows, the intermediate and its
