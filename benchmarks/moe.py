@@ -3,7 +3,7 @@ torch combine), every MoE format × its activation formats, per b12x backend.
 
     python benchmarks/moe.py --out moe.json --png moe.png [--shapes qwen3,gptoss,dsv3] [--ts 1,4,16,64,256,1024,4096]
         [--cases MXFP4:bf16,NVFP4:nvfp4,...]
-        [--backends auto,triton_moe,tensor_core_moe,tensor_core_moe+held,tensor_core_moe_wgmma]
+        [--backends auto,triton_moe,tensor_core_moe,tensor_core_moe+held,tensor_core_moe_wgmma,cutlass_sm90_moe]
         [--emit-table packages/b12x-core/src/b12x_core/timings.json]
 
 Shapes: qwen3 = Qwen3-30B-A3B-like (E=128, top-8, H=2048, I=768), gptoss = gpt-oss-120b-like (E=128, top-4,

@@ -8,6 +8,7 @@
 
 #include "kernels.h"
 #include "sm90_mixed.h"
+#include "sm90_moe.h"
 
 namespace py = pybind11;
 
@@ -288,6 +289,42 @@ PYBIND11_MODULE(_C, m) {
               "sm90_mixed_reorder (N and K multiples of 64, distinct buffers)");
       },
       py::arg("weight"), py::arg("src"), py::arg("dst"), py::arg("n"), py::arg("k"), py::arg("stream"));
+
+  // Its grouped form for the fused MoE (csrc/sm90_moe.h): expert-sorted rows, expert offsets in device memory.
+  const auto moe_args = [](int weight, int experts, int n, int k, std::uintptr_t w, std::uintptr_t scales,
+                           std::uintptr_t x, std::uintptr_t y, bool y_float, std::uintptr_t offsets, int sms) {
+    b12x::sm90::MoeGemmArgs a;
+    a.weight = weight, a.experts = experts, a.n = n, a.k = k, a.y_float = y_float, a.sms = sms;
+    a.w = ptr<const void>(w), a.scales = ptr<const void>(scales), a.x = ptr<const void>(x), a.y = ptr<void>(y);
+    a.offsets = ptr<const int>(offsets);
+    if (!b12x::sm90::mixed_built()) throw std::runtime_error("sm90_moe: this build holds no sm_90a kernels");
+    return a;
+  };
+  m.def(
+      "sm90_moe_workspace_bytes",
+      [moe_args](int weight, int experts, int n, int k, bool y_float, int sms) {
+        const auto a = moe_args(weight, experts, n, k, 0, 0, 0, 0, y_float, 0, sms);
+        if (const char* error = b12x::sm90::moe_shape_error(a))
+          throw std::invalid_argument(std::string("sm90_moe: ") + error);
+        return b12x::sm90::moe_workspace_bytes(a);
+      },
+      py::arg("weight"), py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("y_float"), py::arg("sms"));
+  m.def(
+      "sm90_moe_gemm",
+      [moe_args](int weight, int experts, int n, int k, std::uintptr_t w, std::uintptr_t scales, std::uintptr_t x,
+                 std::uintptr_t y, bool y_float, std::uintptr_t offsets, int sms, std::uintptr_t workspace,
+                 size_t workspace_bytes, std::uintptr_t stream) {
+        const auto a = moe_args(weight, experts, n, k, w, scales, x, y, y_float, offsets, sms);
+        if (const char* error = b12x::sm90::moe_args_error(a))
+          throw std::invalid_argument(std::string("sm90_moe: ") + error);
+        if (b12x::sm90::moe_workspace_bytes(a) > workspace_bytes)
+          throw std::invalid_argument("sm90_moe_gemm: workspace smaller than sm90_moe_workspace_bytes");
+        if (workspace % 128) throw std::invalid_argument("sm90_moe_gemm: the workspace needs 128-byte alignment");
+        check(b12x::sm90::moe_gemm(a, ptr<void>(workspace), workspace_bytes, stream_of(stream)), "sm90_moe_gemm launch");
+      },
+      py::arg("weight"), py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("w"), py::arg("scales"), py::arg("x"),
+      py::arg("y"), py::arg("y_float"), py::arg("offsets"), py::arg("sms"), py::arg("workspace"), py::arg("workspace_bytes"),
+      py::arg("stream"));
 
   m.def(
       "embedding_q8_0",

@@ -1,9 +1,11 @@
-// The SM90 mixed-input GEMM's host side (sm90_mixed.h): argument rules, the dispatch to each weight kind's kernel
-// (sm90_mixed_<kind>.cu) and the prepare-time reorder of the codes into the layout those kernels read.
+// The SM90 mixed-input GEMM's host side (sm90_mixed.h, and its grouped MoE form's: sm90_moe.h): argument rules, the
+// dispatch to each weight kind's kernel (sm90_mixed_<kind>.cu, sm90_moe_<kind>.cu) and the prepare-time reorder of the
+// codes into the layout those kernels read.
 #include <cstdint>
 
 #include "sm90_mixed.h"
 #include "sm90_mixed_layout.cuh"
+#include "sm90_moe.h"
 
 namespace b12x::sm90 {
 
@@ -16,6 +18,10 @@ B12X_SM90_MIXED_DECLARE(mxfp4)
 B12X_SM90_MIXED_DECLARE(e4m3_plain)
 B12X_SM90_MIXED_DECLARE(nvfp4_plain)
 B12X_SM90_MIXED_DECLARE(mxfp4_plain)
+size_t moe_workspace_nvfp4(const MoeGemmArgs&);
+cudaError_t moe_gemm_nvfp4(const MoeGemmArgs&, void*, size_t, cudaStream_t);
+size_t moe_workspace_mxfp4(const MoeGemmArgs&);
+cudaError_t moe_gemm_mxfp4(const MoeGemmArgs&, void*, size_t, cudaStream_t);
 
 bool mixed_built() { return true; }
 
@@ -64,6 +70,35 @@ cudaError_t mixed_gemm(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStrea
       return a.reordered ? mixed_gemm_mxfp4(a, ws, bytes, s) : mixed_gemm_mxfp4_plain(a, ws, bytes, s);
   }
   return cudaErrorInvalidValue;
+}
+
+const char* moe_shape_error(const MoeGemmArgs& a) {
+  if (a.weight != int(MixedWeight::NVFP4) && a.weight != int(MixedWeight::MXFP4)) return "converts NVFP4 and MXFP4 only";
+  if (a.experts < 1) return "needs experts >= 1";
+  // whole k-tiles (the scale carriers, the TMA boxes); 64-row expert blocks keep every expert's bases 16-byte aligned
+  if (a.n < 64 || a.n % 64) return "needs N a positive multiple of 64";
+  if (a.k < kTileK || a.k % kTileK) return "needs K a positive multiple of 64";
+  if (a.sms < 1) return "needs sms >= 1";
+  return nullptr;
+}
+
+const char* moe_args_error(const MoeGemmArgs& a) {
+  if (const char* error = moe_shape_error(a)) return error;
+  if (!a.w || !a.scales || !a.x || !a.y || !a.offsets) return "null weight, scales, x, y or offsets";
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(a.w) || misaligned(a.scales) || misaligned(a.x) || misaligned(a.y) || misaligned(a.offsets)) {
+    return "weight, scales, x, y and offsets need 16-byte alignment";
+  }
+  return nullptr;
+}
+
+size_t moe_workspace_bytes(const MoeGemmArgs& a) {
+  return a.weight == int(MixedWeight::NVFP4) ? moe_workspace_nvfp4(a) : moe_workspace_mxfp4(a);
+}
+
+cudaError_t moe_gemm(const MoeGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {
+  if (moe_args_error(a)) return cudaErrorInvalidValue;
+  return a.weight == int(MixedWeight::NVFP4) ? moe_gemm_nvfp4(a, ws, bytes, s) : moe_gemm_mxfp4(a, ws, bytes, s);
 }
 
 // Every logical element (n, k) goes to the offset the kernel's layout gives it. 4-bit codes are OR-ed into a zeroed

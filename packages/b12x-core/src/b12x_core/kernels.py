@@ -6,9 +6,9 @@ checks), so what core asks of the device code is listed here.
 - The CUDA extension's bindings (`mma_gemm`, `gemv_elem`, ...): looked up on b12x_kernels at each call, so an
   install without the extension imports (each binding then raises, naming the missing build) and tests may replace a
   binding on b12x_kernels itself.
-- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_dequant`): imported on first use
-  (`kernels.tiles`, or `from b12x_core.kernels import tiles` inside a function), so b12x_core imports where Triton
-  does not.
+- The Triton modules (`tiles`, `act_quant`, `moe_route`, `topk_route`, `mma_dequant`, `moe_sorted`): imported on
+  first use (`kernels.tiles`, or `from b12x_core.kernels import tiles` inside a function), so b12x_core imports where
+  Triton does not.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from b12x_kernels import block_scaled_mma, interface
 __all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "built", "compiled_archs", "embedding_q8_0",
            "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes",
            "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm", "sm90_mixed_reorder",
-           "sm90_mixed_workspace_bytes",
+           "sm90_mixed_workspace_bytes", "sm90_moe_gemm", "sm90_moe_workspace_bytes",
            "unavailable_reason", "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
-TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant")
+TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant", "moe_sorted")
 
 
 def __getattr__(name: str):
@@ -91,6 +91,14 @@ def sm90_mixed_workspace_bytes(*args, **kwargs) -> int:
 
 def sm90_mixed_reorder(*args, **kwargs) -> None:
     b12x_kernels.sm90_mixed_reorder(*args, **kwargs)
+
+
+def sm90_moe_gemm(*args, **kwargs) -> None:
+    b12x_kernels.sm90_moe_gemm(*args, **kwargs)
+
+
+def sm90_moe_workspace_bytes(*args, **kwargs) -> int:
+    return b12x_kernels.sm90_moe_workspace_bytes(*args, **kwargs)
 
 
 def sm90_mixed_built() -> bool:

@@ -94,6 +94,12 @@ def _needs_build(name: str):
 #       for that shape and tile
 #   sm90_mixed_reorder(weight, src, dst, n, k, stream): logical codes [n, k] -> the layout the kernel reads
 #   sm90_mixed_built(): whether this build holds those kernels (it targets sm_90)
+#   sm90_moe_gemm(weight, experts, n, k, w, scales, x, y, y_float, offsets, sms, workspace, workspace_bytes, stream):
+#       its grouped form for the fused MoE (csrc/sm90_moe.h): y[r] = x[r] . W[e]^T for the rows r of expert e, y
+#       float32 (y_float) or bf16, offsets int32 [E + 1] on the device, W [E, n, k] e2m1 in the checkpoint's layout,
+#       scales [E, k / 64, n] carriers
+#   sm90_moe_workspace_bytes(weight, experts, n, k, y_float, sms): the workspace a call takes (problem table, TMA
+#       descriptors)
 gemv_ggml = _C.gemv_ggml if _C else _needs_build("gemv_ggml")
 gemv_elem = _C.gemv_elem if _C else _needs_build("gemv_elem")
 mma_gemm = _C.mma_gemm if _C else _needs_build("mma_gemm")
@@ -110,3 +116,5 @@ sm90_mixed_gemm = _C.sm90_mixed_gemm if _C else _needs_build("sm90_mixed_gemm")
 sm90_mixed_workspace_bytes = _C.sm90_mixed_workspace_bytes if _C else _needs_build("sm90_mixed_workspace_bytes")
 sm90_mixed_reorder = _C.sm90_mixed_reorder if _C else _needs_build("sm90_mixed_reorder")
 sm90_mixed_built = _C.sm90_mixed_built if _C else (lambda: False)
+sm90_moe_gemm = _C.sm90_moe_gemm if _C else _needs_build("sm90_moe_gemm")
+sm90_moe_workspace_bytes = _C.sm90_moe_workspace_bytes if _C else _needs_build("sm90_moe_workspace_bytes")

@@ -239,6 +239,12 @@ SM90_MIXED_WEIGHTS = {"FP8": 0, "NVFP4": 1, "MXFP4": 2}  # csrc/sm90_mixed.h Mix
 SM90_MIXED_DECOMPOSITIONS = ("data_parallel", "heuristic", "stream_k")  # csrc/sm90_mixed.h Decomposition
 SM90_MIXED_TILE_K = 64  # the k-tile: K and N must be multiples of it; one block-scale carrier a row and k-tile
 SM90_MIXED_CAPABILITY = (9, 0)
+# Its grouped form for the fused MoE (csrc/sm90_moe_gemm.cuh, CUTLASS's ptr-array collective): e2m1 experts in the
+# checkpoint's layout with their block scales; the grouped bf16-exact modes; token_tiles: the CTA's 128 tokens of one
+# expert. Weight kinds are SM90_MIXED_WEIGHTS' ids (W4A16_NVFP4 stores NVFP4's bytes).
+SM90_MOE = Family(name="sm90_moe_gemm", args=None, formats=("NVFP4", "W4A16_NVFP4", "MXFP4"),
+                  act_modes=("bf16", "mxfp8", "nvfp4"), token_tiles=(128,))  # fmt: skip
+SM90_MOE_WEIGHTS = {"NVFP4": 1, "W4A16_NVFP4": 1, "MXFP4": 2}  # csrc/sm90_mixed.h MixedWeight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,7 +263,7 @@ BSMMA = BsmmaFamily(
     token_tiles=(1, 4), unit_k=BSMMA_UNIT_K, capability_major=12,
     instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP8", "mxfp8"): "MXF8", ("MXFP4", "mxfp8"): "MXF4_MXF8"},
 )  # fmt: skip
-FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, BSMMA)
+FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, SM90_MOE, BSMMA)
 
 
 def pack(block: type[ctypes.Structure], **fields) -> bytes:

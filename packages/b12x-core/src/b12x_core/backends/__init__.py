@@ -8,6 +8,7 @@ from .block_scaled_mma import BlockScaledMma
 from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
+from .cutlass_sm90_moe import CutlassSm90MoE
 from .embedding import CudaEmbeddingQ8_0
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
@@ -36,6 +37,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     TensorCoreMoE,
     TritonMoE,
     TensorCoreMoEWgmma,  # after the others: chosen only where the measured MoE table says it is faster
+    CutlassSm90MoE,  # likewise
     CudaEmbeddingQ8_0,
     ReferenceLinear,
     ReferenceMoE,
