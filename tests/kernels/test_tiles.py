@@ -333,6 +333,28 @@ def test_interpreted_fp8_gemms_pad_in_the_quantizer(rng, m):
     assert ("scaled_mm", "fp8_static") in ran and ("scaled_mm", "fp8_token") in ran
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_static_fp8_takes_tensor_wise_scales_where_one_factor_scales_every_row(rng, device):
+    """Static activations and one weight factor: a tensor-wise scaled GEMM; fused shards with their own factors
+    (or per-token activations) keep row-wise scales. Both match the reference."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    m, k = 33, 256
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    one = make_weight(rng, "FP8", 64, k, True, x)
+    fused = make_weight(rng, "FP8", 64, k, True, x, shards=2)  # weight factors differ by shard
+    same = [one, bf.QuantizedWeight.from_tensors("FP8", dict(one.tensors))]  # two shards, one factor
+    for qw, tensorwise in ((one, True), (same, True), (fused, False)):
+        single, ref = alone(ScaledMM, qw, "fp8", device, m, warm=False)
+        backend = single.for_tokens(m).backend
+        assert (backend.tensorwise is not None) == tensorwise
+        workspace.poison(torch.device(device))
+        close(single.for_tokens(m).run(x.to(device), None), bc.linear(x, ref))
+    token, ref = alone(ScaledMM, make_weight(rng, "FP8", 64, k, False, x), "fp8", device, m, warm=False)
+    assert token.for_tokens(m).backend.tensorwise is None  # per-token: a row-wise scale of the tokens
+    close(token.for_tokens(m).run(x.to(device), None), bc.linear(x, ref))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 16, 33, 300])
 def test_gpu_fp8_gemms_pad_in_the_quantizer(rng, m):

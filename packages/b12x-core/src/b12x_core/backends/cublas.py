@@ -7,8 +7,10 @@
   static fp8 (e4m3 values; the static scale in the row factors). Where the plan also runs the tensor-core GEMM,
   it dequantizes that backend's repacked layout (b12x_kernels.mma_dequant, same values) instead of holding the
   checkpoint layout too: the weight is on the device once.
-- `ScaledMM`: FP8 weights with static per-tensor or dynamic per-token fp8 activations: `torch._scaled_mm` with
-  row-wise scales.
+- `ScaledMM`: FP8 weights with static per-tensor or dynamic per-token fp8 activations: `torch._scaled_mm`, with
+  tensor-wise scales where one number scales every output (static activations, one weight factor for every fused
+  shard), row-wise ones otherwise (cuBLASLt's row-wise fp8 GEMM ran the Llama-3.1-8B layer 1.13-1.28× slower than
+  the tensor-wise one at 64-4096 tokens on the H100: benchmarks/scaled_mm_scales.py).
 - `BlockScaledMM`: FP8_BLOCK weights with 1×128 fp8 activation groups: torch's block-wise scaled FP8 GEMM
   (`torch.nn.functional.scaled_mm`, ScalingType.BlockWise1x128 × BlockWise128x128, both scales column-major).
 
@@ -129,18 +131,25 @@ class ScaledMM(Backend):
         why = cuda_reason(q, triton=True, kernels=False)
         if why:
             return False, why
-        return True, "cuBLASLt fp8 GEMM (torch._scaled_mm, row-wise scales)"
+        return True, "cuBLASLt fp8 GEMM (torch._scaled_mm: tensor-wise scales where one number scales every row)"
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
         self.stacked = weights.stacked
         self.static_scale = operands.in_kernel_scale(query.act_mode, weights.input_scale)  # fp8_static's, else 0
+        device = query.device.device
+        # Tensor-wise: fp8_static's scale and the one weight factor of every row, each a 0-d tensor (cuBLASLt takes a
+        # row-wise scale of the tokens only beside a row-wise one of the weight, so per-token activations cannot).
+        self.tensorwise = None
         if query.act_mode == "fp8_static":
             # The quantizer hands the GEMM fp8_static's scale as scale_a (a column it writes in the same launch), so
             # scale_b holds the weight's factors alone; the stacked col_scale, which carries the static scale for
             # the backends that leave it out of the activations, would count it twice.
             factors = np.ascontiguousarray(weight_row_factors(weights.shards), dtype=np.float32).reshape(1, -1)
-            self.scale_b = torch.from_numpy(factors).to(query.device.device)
+            self.scale_b = torch.from_numpy(factors).to(device)
+            if np.all(factors == factors[0, 0]):
+                self.tensorwise = (torch.tensor(self.static_scale, dtype=torch.float32, device=device),
+                                   torch.tensor(factors[0, 0], dtype=torch.float32, device=device))  # fmt: skip
         else:
             self.scale_b = weights.stacked.col_scale.reshape(1, -1)
 
@@ -160,10 +169,14 @@ class ScaledMM(Backend):
         q = self.query
         m = x2.shape[0]
         codes, scale_a = workspace.carve(x2.device, self._specs(m))
-        act_quant.quantize_fp8(x2.contiguous(), q.act_mode, codes, scale_a, self.static_scale, rows=codes.shape[0])
+        scale_b = self.scale_b
+        if self.tensorwise is not None:
+            scale_a, scale_b = self.tensorwise
+        act_quant.quantize_fp8(x2.contiguous(), q.act_mode, codes, None if self.tensorwise else scale_a,
+                               self.static_scale, rows=codes.shape[0])  # fmt: skip
         bias = None if bias is None else bias.to(torch.bfloat16)
         y = torch._scaled_mm(codes.view(torch.float8_e4m3fn), self.stacked.weight.t(), scale_a=scale_a,
-                             scale_b=self.scale_b, bias=bias, out_dtype=torch.bfloat16)  # fmt: skip
+                             scale_b=scale_b, bias=bias, out_dtype=torch.bfloat16)  # fmt: skip
         return y[:m]
 
 
