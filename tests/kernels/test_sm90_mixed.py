@@ -167,8 +167,10 @@ def test_kernels_are_sm90a_only_and_keep_their_values_in_registers():
         elif "REG:" in line and current:
             usage = dict(field.split(":") for field in line.split())
             assert usage["STACK"] == "0" and usage["LOCAL"] == "0", f"{arch} {current[:120]} {line.strip()}"
+    # the linear kernels: the grouped MoE's (sm90_moe_gemm.cuh) are GemmUniversal too, over a GroupProblemShape
+    linear = [name for name in kernels_seen if "GroupProblemShape" not in name]
     expected = sum(len(kinds) for kinds in FORM_FORMATS.values()) * len(interface.SM90_MIXED.token_tiles)
-    assert len(kernels_seen) == expected, kernels_seen
+    assert len(linear) == expected, linear
     assert set(kernels_seen.values()) == {"sm_90a"}, kernels_seen
 
 
