@@ -20,6 +20,8 @@ enum class MixedWeight : int {
   E4M3 = 0,   // FP8: e4m3 codes, no block scales (the per-tensor factor is alpha)
   NVFP4 = 1,  // e2m1 codes, an e4m3 scale per 16 k (4 a k-tile); the global factor is alpha
   MXFP4 = 2,  // e2m1 codes, an e8m0 scale per 32 k (2 a k-tile)
+  MXFP8 = 3,  // e4m3 codes, an e8m0 scale per 32 k (2 a k-tile); reordered layout only
+  Q8_0 = 4,   // int8 codes (GGML Q8_0's q), an fp16 d per 32 k (2 a k-tile); reordered layout only
 };
 
 // How the persistent tile scheduler splits the work: a run-time choice of one compiled kernel.
@@ -34,7 +36,7 @@ struct MixedGemmArgs {
   int weight = 0;  // MixedWeight
   int m = 0, n = 0, k = 0;
   const void* w = nullptr;       // codes in the kernel's layout
-  const void* scales = nullptr;  // NVFP4 / MXFP4: the tile-layout block scales
+  const void* scales = nullptr;  // all but E4M3: the tile-layout block scales (Q8_0: its fp16 d's)
   const void* x = nullptr;       // bf16 [m, k]
   void* y = nullptr;             // bf16 [m, n]
   const float* alpha = nullptr;  // float32 [n]
@@ -53,8 +55,8 @@ const char* mixed_args_error(const MixedGemmArgs& args);
 size_t mixed_workspace_bytes(const MixedGemmArgs& args);
 // Enqueues the GEMM (a memset of the scheduler's barriers when it has any, then the kernel): graph-capturable.
 cudaError_t mixed_gemm(const MixedGemmArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
-// Logical codes W[n][k] (K-major; 4-bit codes two a byte, even k in the low nibble) -> the kernel's layout, into a
-// distinct buffer of the same size.
+// Logical codes W[n][k] (K-major; 4-bit codes two a byte, even k in the low nibble; Q8_0: its int8 q's without the
+// d's) -> the kernel's layout, into a distinct buffer of the same size.
 cudaError_t mixed_reorder(int weight, const void* src, void* dst, int n, int k, cudaStream_t stream);
 // Whether this build holds the kernels (they are compiled for sm_90a only, when the build targets sm_90).
 bool mixed_built();

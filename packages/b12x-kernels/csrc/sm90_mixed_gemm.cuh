@@ -1,4 +1,5 @@
-// One CUTLASS SM90 mixed-input GEMM per weight kind (sm90_mixed_e4m3.cu, _nvfp4.cu, _mxfp4.cu include this once).
+// One CUTLASS SM90 mixed-input GEMM per weight kind (sm90_mixed_e4m3.cu, _nvfp4.cu, _mxfp4.cu, _mxfp8.cu, _q8_0.cu
+// include this once).
 //
 // The pipeline is CUTLASS's own: TMA loads of the weight codes, their block scales and the activations, a producer
 // warp and two cooperative consumer warpgroups on CUTLASS's pipeline classes, the persistent stream-K tile
@@ -15,6 +16,14 @@
 //    dequantize_A_kblock, which knows the 16-deep k-block) is specialized for those carriers: it picks the k-block's
 //    scale byte, decodes it to bf16 and multiplies the converted codes by it. e2m1 (2 significant bits) times an
 //    e4m3 or e8m0 scale (at most 4) is exact in bf16, so the weight the wgmma sees is the format's value exactly.
+//  - MXFP8 (e4m3 with an e8m0 scale per 32 k): the same carrier and dequantization as MXFP4. e4m3 (4 significant
+//    bits) times a power of two is exact in bf16 (8 significant bits, fp32's exponent range) unless the product
+//    leaves that range: past bf16's largest finite value (scale bytes near 255 times large codes) or with bits below
+//    its smallest subnormal, 2^-133 (scales near 2^-127), which no quantizer's scales reach. The mma family
+//    multiplies the same bf16 values.
+//  - Q8_0 (GGML: int8 q, an fp16 d per 32 k): the int8 codes are the collective's A and a Q8Deltas carrier (the
+//    row's two d's over one k-tile) its "scale". Its dequantization computes q * d in fp32 (exact: 8 x 11
+//    significant bits) and rounds once to bf16, as the mma family's FmtQ8_0 does, so both see the same weight.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,11 +57,19 @@ struct alignas(kTileK / kGroup) TileScales {
 };
 using NvFp4Scales = TileScales<16, false>;  // e4m3, 16 k each
 using MxFp4Scales = TileScales<32, true>;   // e8m0, 32 k each
+using MxFp8Scales = MxFp4Scales;            // MXFP8's scales are MXFP4's
 
 template <class T>
 struct is_tile_scales : cute::false_type {};
 template <int G, bool E>
 struct is_tile_scales<TileScales<G, E>> : cute::true_type {};
+
+// Q8_0's d's of one weight row over one k-tile: halves[i] (fp16 bits) scales k [32 i, 32 i + 32) of the tile. Four
+// bytes, so TMA moves it as NvFp4Scales' size.
+struct alignas(4) Q8Deltas {
+  static constexpr int kGroupSize = 32;
+  uint16_t halves[kTileK / kGroupSize];
+};
 
 // One block-scale byte as bf16, exactly: e4m3 through the hardware fp8 -> f16 conversion (every e4m3 value is an f16
 // and a bf16 value); e8m0 2^(e - 127) straight into bf16's exponent (e = 0: 2^-127, bf16's subnormal 0x0040;
@@ -202,6 +219,64 @@ struct MixedInputUtils<CollectiveMma<Policy, TileShape, cute::tuple<Codes, b12x:
   }
 };
 
+// The SM90 mixed-input collective with Q8_0 weights (ElementA = (int8 codes, Q8Deltas)): CUTLASS's helpers, except
+// the per-k-block dequantization, which computes each weight as q * d in fp32 and rounds it once to bf16.
+template <class Policy, class TileShape, class StrideA, class ElementB, class StrideB, class TiledMma, class GmemCopyA,
+          class SmemAtomA, class SmemCopyA, class TransformA, class GmemCopyB, class SmemAtomB, class SmemCopyB,
+          class TransformB>
+struct MixedInputUtils<CollectiveMma<Policy, TileShape, cute::tuple<int8_t, b12x::sm90::Q8Deltas>, StrideA, ElementB,
+                                     StrideB, TiledMma, GmemCopyA, SmemAtomA, SmemCopyA, TransformA, GmemCopyB,
+                                     SmemAtomB, SmemCopyB, TransformB>>
+    : MixedInputUtils<MixedInputUtilsView<
+          CollectiveMma<Policy, TileShape, cute::tuple<int8_t, b12x::sm90::Q8Deltas>, StrideA, ElementB, StrideB,
+                        TiledMma, GmemCopyA, SmemAtomA, SmemCopyA, TransformA, GmemCopyB, SmemAtomB, SmemCopyB,
+                        TransformB>>> {
+  static constexpr int kBlockK = 16;  // wgmma's k-block for 16-bit operands
+  static_assert(b12x::sm90::Q8Deltas::kGroupSize % kBlockK == 0, "a k-block must lie inside one d's group");
+
+  template <class EngineIn, class EngineOut, class LayoutIn, class LayoutOut, class... Ts>
+  CUTLASS_DEVICE static void dequantize_A_kblock(cute::Tensor<EngineIn, LayoutIn> const& tCrA_load,
+                                                 cute::Tensor<EngineOut, LayoutOut>& tCrA_mma,
+                                                 cute::tuple<Ts...>& partitioned_extra_info, int const k_block) {
+    using namespace cute;
+    static_assert(is_same_v<typename EngineIn::value_type, int8_t>, "Q8_0 codes are int8");
+    static_assert(is_same_v<typename EngineOut::value_type, cutlass::bfloat16_t>, "the wgmma operand is bf16");
+
+    Tensor src = tCrA_load(_, _, k_block);
+    Tensor dst = tCrA_mma(_, _, k_block);
+    // The carriers, laid out as the A fragment (the same carrier for every k of a row: stride 0 along k).
+    Tensor carriers = cute::get<1>(partitioned_extra_info)(_, _, k_block);
+    CUTE_STATIC_ASSERT_V(size(src) == size(carriers));
+    const int pick = k_block * kBlockK / b12x::sm90::Q8Deltas::kGroupSize;
+    Tensor d = make_tensor<float>(carriers.layout());
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(carriers); ++i) d(i) = __half2float(__ushort_as_half(carriers(i).halves[pick]));
+
+    // Four codes a register (the reorder keeps 8-bit codes in natural order, so they are one 32-bit word).
+    Tensor src_vm = cute::group_modes<1, -1>(cute::zipped_divide(src, Int<4>{}));
+    Tensor dst_vm = cute::group_modes<1, -1>(cute::zipped_divide(dst, Int<4>{}));
+    Tensor d_vm = cute::group_modes<1, -1>(cute::zipped_divide(d, Int<4>{}));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<1>(src_vm); ++i) {
+      Tensor codes = coalesce(src_vm(_, i));
+      static_assert(is_same_v<decltype(codes.layout()), Layout<_4, _1>>, "four codes must be one register");
+      // offset-binary (byte = q + 128): 2^23 + byte as a float is exact, so subtracting 2^23 + 128 leaves q exactly
+      const uint32_t word = recast<uint32_t>(codes)(0) ^ 0x80808080u;
+      float w[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        w[j] = (__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | j)) - 8388736.0f) * d_vm(j, i);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; j += 2) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(w[j], w[j + 1]);  // one rounding of the exact product
+        dst_vm(j, i) = reinterpret_cast<cutlass::bfloat16_t const&>(pair.x);
+        dst_vm(j + 1, i) = reinterpret_cast<cutlass::bfloat16_t const&>(pair.y);
+      }
+    }
+  }
+};
+
 }  // namespace cutlass::gemm::collective::detail
 
 namespace b12x::sm90 {
@@ -231,8 +306,9 @@ B12X_SM90_MIXED_EPILOGUE(128)
 B12X_SM90_MIXED_EPILOGUE(256)
 #undef B12X_SM90_MIXED_EPILOGUE
 
-// One kernel: the weight's codes (cutlass::float_e4m3_t or float_e2m1_t), block-scale carrier (void: none), layout
-// (sm90_mixed_layout.cuh) and the tile's tokens (the problem's N: 128 weight rows x kTokens tokens x 64 k).
+// One kernel: the weight's codes (cutlass::float_e4m3_t, float_e2m1_t or int8_t), block-scale carrier (TileScales,
+// Q8Deltas; void: none), layout (sm90_mixed_layout.cuh) and the tile's tokens (the problem's N: 128 weight rows x
+// kTokens tokens x 64 k).
 template <class Codes, class Scales, bool kReordered, int kTokens>
 struct MixedGemm {
   using ElementX = cutlass::bfloat16_t;

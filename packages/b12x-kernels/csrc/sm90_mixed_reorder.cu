@@ -15,6 +15,8 @@ namespace b12x::sm90 {
 B12X_SM90_MIXED_DECLARE(e4m3)
 B12X_SM90_MIXED_DECLARE(nvfp4)
 B12X_SM90_MIXED_DECLARE(mxfp4)
+B12X_SM90_MIXED_DECLARE(mxfp8)
+B12X_SM90_MIXED_DECLARE(q8_0)
 B12X_SM90_MIXED_DECLARE(e4m3_plain)
 B12X_SM90_MIXED_DECLARE(nvfp4_plain)
 B12X_SM90_MIXED_DECLARE(mxfp4_plain)
@@ -26,7 +28,10 @@ cudaError_t moe_gemm_mxfp4(const MoeGemmArgs&, void*, size_t, cudaStream_t);
 bool mixed_built() { return true; }
 
 const char* mixed_shape_error(const MixedGemmArgs& a) {
-  if (a.weight < int(MixedWeight::E4M3) || a.weight > int(MixedWeight::MXFP4)) return "unknown weight kind";
+  if (a.weight < int(MixedWeight::E4M3) || a.weight > int(MixedWeight::Q8_0)) return "unknown weight kind";
+  if (!a.reordered && a.weight > int(MixedWeight::MXFP4)) {
+    return "MXFP8 and Q8_0 have kernels for the reordered layout only (sm90_mixed_reorder's)";
+  }
   if (a.m < 1) return "needs m >= 1";
   // The reordered layout tiles whole 64 x 16 fragments; the scale carriers and TMA boxes whole 64-deep k-tiles.
   if (a.n < 64 || a.n % 64) return "needs N a positive multiple of 64";
@@ -57,6 +62,8 @@ size_t mixed_workspace_bytes(const MixedGemmArgs& a) {
     case MixedWeight::E4M3: return a.reordered ? mixed_workspace_e4m3(a) : mixed_workspace_e4m3_plain(a);
     case MixedWeight::NVFP4: return a.reordered ? mixed_workspace_nvfp4(a) : mixed_workspace_nvfp4_plain(a);
     case MixedWeight::MXFP4: return a.reordered ? mixed_workspace_mxfp4(a) : mixed_workspace_mxfp4_plain(a);
+    case MixedWeight::MXFP8: return a.reordered ? mixed_workspace_mxfp8(a) : 0;
+    case MixedWeight::Q8_0: return a.reordered ? mixed_workspace_q8_0(a) : 0;
   }
   return 0;
 }
@@ -68,6 +75,8 @@ cudaError_t mixed_gemm(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStrea
       return a.reordered ? mixed_gemm_nvfp4(a, ws, bytes, s) : mixed_gemm_nvfp4_plain(a, ws, bytes, s);
     case MixedWeight::MXFP4:
       return a.reordered ? mixed_gemm_mxfp4(a, ws, bytes, s) : mixed_gemm_mxfp4_plain(a, ws, bytes, s);
+    case MixedWeight::MXFP8: return a.reordered ? mixed_gemm_mxfp8(a, ws, bytes, s) : cudaErrorInvalidValue;
+    case MixedWeight::Q8_0: return a.reordered ? mixed_gemm_q8_0(a, ws, bytes, s) : cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -134,7 +143,11 @@ static cudaError_t reorder_as(const void* src, void* dst, int n, int k, cudaStre
 
 cudaError_t mixed_reorder(int weight, const void* src, void* dst, int n, int k, cudaStream_t stream) {
   if (n < 64 || n % 64 || k < kTileK || k % kTileK || !src || !dst || src == dst) return cudaErrorInvalidValue;
-  if (weight == int(MixedWeight::E4M3)) return reorder_as<cutlass::float_e4m3_t>(src, dst, n, k, stream);
+  // 8-bit codes share one layout (natural order): e4m3 (FP8, MXFP8) and Q8_0's int8 q's
+  if (weight == int(MixedWeight::E4M3) || weight == int(MixedWeight::MXFP8)) {
+    return reorder_as<cutlass::float_e4m3_t>(src, dst, n, k, stream);
+  }
+  if (weight == int(MixedWeight::Q8_0)) return reorder_as<int8_t>(src, dst, n, k, stream);
   if (weight == int(MixedWeight::NVFP4) || weight == int(MixedWeight::MXFP4)) {
     return reorder_as<cutlass::float_e2m1_t>(src, dst, n, k, stream);
   }

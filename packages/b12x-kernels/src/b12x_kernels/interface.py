@@ -230,12 +230,15 @@ MMA = MmaFamily(
 LINEAR_TILES = Family(name="linear_tiles", args=None, formats=tuple(FORMAT_IDS), act_modes=ACT_MODES)
 MOE_TILES = Family(name="moe_tiles", args=None, formats=tuple(FORMAT_IDS), act_modes=ACT_MODES)
 # The Hopper mixed-input GEMM on CUTLASS's SM90 pieces (csrc/sm90_mixed_gemm.cuh, sm_90a only): the weight converted
-# to bf16 in registers (exactly), so the bf16-exact activation modes; token_tiles: the CTA tile's tokens (the swapped
-# problem's N) a kernel exists for, each kind and layout (csrc/sm90_mixed.h kMixedTokenTiles). Its binding takes plain arguments: the weight kind is SM90_MIXED_WEIGHTS' id, the scheduler's split
-# SM90_MIXED_DECOMPOSITIONS' index.
-SM90_MIXED = Family(name="sm90_mixed_gemm", args=None, formats=("FP8", "NVFP4", "MXFP4"),
+# to bf16 in registers (exactly; Q8_0's q·d rounded once, as the mma family does), so the bf16-exact activation modes;
+# token_tiles: the CTA tile's tokens (the swapped problem's N) a kernel exists for, each kind and layout
+# (csrc/sm90_mixed.h kMixedTokenTiles). Its binding takes plain arguments: the weight kind is SM90_MIXED_WEIGHTS' id,
+# the scheduler's split SM90_MIXED_DECOMPOSITIONS' index.
+SM90_MIXED = Family(name="sm90_mixed_gemm", args=None, formats=("FP8", "NVFP4", "MXFP4", "MXFP8", "Q8_0"),
                     act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"), token_tiles=(16, 64, 128, 256))  # fmt: skip
-SM90_MIXED_WEIGHTS = {"FP8": 0, "NVFP4": 1, "MXFP4": 2}  # csrc/sm90_mixed.h MixedWeight
+SM90_MIXED_WEIGHTS = {"FP8": 0, "NVFP4": 1, "MXFP4": 2, "MXFP8": 3, "Q8_0": 4}  # csrc/sm90_mixed.h MixedWeight
+# The kinds with a kernel for the checkpoint's own layout too (the others read the reordered layout only)
+SM90_MIXED_CHECKPOINT_FORMATS = ("FP8", "NVFP4", "MXFP4")
 SM90_MIXED_DECOMPOSITIONS = ("data_parallel", "heuristic", "stream_k")  # csrc/sm90_mixed.h Decomposition
 SM90_MIXED_TILE_K = 64  # the k-tile: K and N must be multiples of it; one block-scale carrier a row and k-tile
 SM90_MIXED_CAPABILITY = (9, 0)

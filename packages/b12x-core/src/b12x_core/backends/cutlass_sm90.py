@@ -2,12 +2,14 @@
 TMA loads, a producer warp and two cooperative consumer warpgroups, wgmma with the weight converted to bf16 in
 registers, the persistent stream-K tile scheduler and CUTLASS's epilogue (per-row factor and bias, bf16 out).
 
-FP8, NVFP4 and MXFP4 weights (interface.SM90_MIXED) with the bf16-exact activation modes, compute capability 9.0,
-N and K multiples of 64. Two forms, by the weight layout they read: `CutlassSm90` its own ("sm90": the codes
-reordered so each thread's fragment is one shared-memory load), `CutlassSm90Checkpoint` the checkpoint's bytes the
-GEMV, Triton and cuBLAS backends read too (so a plan can hold one copy). Both take the block scales as one carrier per
-row and 64-deep k-tile ([K/64, N, 4 or 2 bytes], a small copy made at prepare). Late in the registry: the plan picks
-them only where a measured table says they are faster.
+FP8, NVFP4, MXFP4, MXFP8 and Q8_0 weights (interface.SM90_MIXED) with the bf16-exact activation modes, compute
+capability 9.0, N and K multiples of 64. Two forms, by the weight layout they read: `CutlassSm90` its own ("sm90": the
+codes reordered so each thread's fragment is one shared-memory load), `CutlassSm90Checkpoint` the checkpoint's bytes
+the GEMV, Triton and cuBLAS backends read too (so a plan can hold one copy; FP8, NVFP4 and MXFP4 only,
+interface.SM90_MIXED_CHECKPOINT_FORMATS). Both take the block scales as one carrier per row and 64-deep k-tile
+([K/64, N, 4 or 2 bytes], a small copy made at prepare); Q8_0's blocks are split at prepare into int8 codes, reordered
+as FP8's are, and a carrier of the row's two fp16 d's per k-tile ([K/64, N, 2] float16). Late in the registry: the
+plan picks them only where a measured table says they are faster.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def token_tile(fmt: str, m: int) -> int:
     tile's MMAs take longer than reading the weight; 64 up to 64; then 128, and 256 (each weight tile converted once
     for twice the tokens) from where conversion outweighs the wider tile's fewer, longer waves: 193 tokens for 4-bit
     codes, 513 for FP8 (benchmarks/sm90_tiles.py on the H100: the 8B layer, 4-bit at 256 tokens 213 µs with 256
-    against 236 with 128; FP8 at 512 319 against 333)."""
+    against 236 with 128; FP8 at 512 319 against 333). MXFP8 and Q8_0, unmeasured, take the 4-bit kinds' rule: like
+    theirs, their conversion multiplies every value by a block scale, which FP8's does not."""
     if m <= 16:
         return 16
     if m <= 64:
@@ -53,28 +56,43 @@ class Sm90Weight:
 
     codes: torch.Tensor  # uint8: the codes, reordered (sm90_mixed_reorder) or the checkpoint's K-major rows
     reordered: bool
-    scales: torch.Tensor | None  # uint8 [K/64, N, 64/group]: each row's block scales over each k-tile (FP4)
+    scales: torch.Tensor | None  # [K/64, N, 64/group]: each row's block scales over each k-tile (uint8; Q8_0 float16)
     row_factor: torch.Tensor  # float32 [N]: the per-tensor factors (and a left-out activation scale)
 
 
 def tile_scales(block_scales: torch.Tensor, k: int) -> torch.Tensor:
-    """Block scales [N, K/group] (one byte each, row-major as checkpoints hold them) -> [K/64, N, 64/group]: one
-    carrier of a row's scales per k-tile, N fastest, as the kernel's TMA reads them."""
+    """Block scales [N, K/group] (row-major as checkpoints hold them; one byte each, Q8_0's d's two) -> [K/64, N,
+    64/group]: one carrier of a row's scales per k-tile, N fastest, as the kernel's TMA reads them."""
     n, groups = block_scales.shape
     per_tile = groups * TILE_K // k
     return block_scales.reshape(n, k // TILE_K, per_tile).permute(1, 0, 2).contiguous()
+
+
+def q8_0_split(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGML Q8_0 blocks (uint8 [N, K/32, 34]: fp16 d, then 32 int8 q) -> (the q's as uint8 [N, K] bytes, the d's as
+    float16 [N, K/32]): the codes the kernel reorders and the block scales its carrier holds."""
+    if blocks.dtype != torch.uint8 or blocks.numel() != n * (k // 32) * 34 or k % 32:
+        raise ValueError(f"Q8_0 blocks: expected uint8 with N x K/32 x 34 = {n} x {k // 32} x 34 bytes, got "
+                         f"{blocks.dtype} {list(blocks.shape)}")  # fmt: skip
+    blocks = blocks.reshape(n, k // 32, 34)
+    deltas = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // 32)
+    return blocks[..., 2:].contiguous().reshape(n, k), deltas
 
 
 def reordered_weight(query, weights) -> Sm90Weight:
     """The "sm90" layout from the checkpoint shards (stacked on the device for the reorder, then dropped)."""
     q = query
     stacked = stack(weights.shards, weights.act_mode, weights.input_scale, q.device.device)
-    src = stacked.weight.view(torch.uint8)
+    if q.format == "Q8_0":
+        src, deltas = q8_0_split(stacked.weight, q.n, q.k)
+        scales = tile_scales(deltas, q.k)
+    else:
+        src = stacked.weight.view(torch.uint8)
+        scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), q.k)
     codes = torch.empty_like(src)
     stream = torch.cuda.current_stream(q.device.device).cuda_stream
     kernels.sm90_mixed_reorder(interface.SM90_MIXED_WEIGHTS[q.format], src.data_ptr(), codes.data_ptr(), q.n, q.k,
                                stream)  # fmt: skip
-    scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), q.k)
     return Sm90Weight(codes, True, scales, stacked.col_scale.contiguous())
 
 
@@ -159,3 +177,10 @@ class CutlassSm90Checkpoint(CutlassSm90):
     name = "cutlass_sm90_checkpoint"
     reads = ("checkpoint",)
     KEY, MAKE = "sm90_checkpoint", staticmethod(checkpoint_weight)
+
+    @classmethod
+    def can_implement(cls, q):
+        if q.format in FAMILY.formats and q.format not in interface.SM90_MIXED_CHECKPOINT_FORMATS:
+            kinds = ", ".join(interface.SM90_MIXED_CHECKPOINT_FORMATS)
+            return False, f"reads the checkpoint layout of {kinds} only, not {q.format} (cutlass_sm90 reorders it)"
+        return super().can_implement(q)
