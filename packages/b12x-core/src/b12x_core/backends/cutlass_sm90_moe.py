@@ -7,7 +7,8 @@ A call, with no host synchronisation (so it captures in a CUDA graph for a given
 2. x quantized per the activation mode (bf16_operands, over the T tokens), then gathered into sorted rows;
 3. gate/up GEMM, float32 out (the activation and the intermediate's quantization see the unrounded product);
 4. activation (b12x_kernels.moe_sorted.activate): each row times its expert's row factors, SiLU·up or ReLU², bf16;
-5. the intermediate quantized per the down GEMM's mode, then the down GEMM, bf16 out;
+5. the intermediate quantized per the down GEMM's mode, then the down GEMM, float32 out (a bf16 row rounded before the
+   combine would round twice: where a token's top-k rows nearly cancel, that reached 1.1% of the output's rms);
 6. combine (moe_sorted.combine): per token, its top-k rows in order, each times its expert's row factors and its router
    weight, summed in float32 (deterministic), one bf16 rounding.
 
@@ -106,19 +107,19 @@ class CutlassSm90MoE(Backend):
         q, shape = self.query, self.query.moe
         w13, w2, sms = interface.SM90_MOE_WEIGHTS[q.format], interface.SM90_MOE_WEIGHTS[shape.w2_format], q.device.sms
         return max(kernels.sm90_moe_workspace_bytes(w13, shape.experts, rows13(shape), shape.hidden, True, sms),
-                   kernels.sm90_moe_workspace_bytes(w2, shape.experts, shape.hidden, shape.intermediate, False,
+                   kernels.sm90_moe_workspace_bytes(w2, shape.experts, shape.hidden, shape.intermediate, True,
                                                     sms))  # fmt: skip
 
     def _specs(self, tokens: int) -> list:
         """Scratch: x's operand pass, x's sorted rows, the gate/up GEMM's float32 rows, the intermediate and its
-        operand pass, the down GEMM's rows, the GEMMs' workspace."""
+        operand pass, the down GEMM's float32 rows, the GEMMs' workspace."""
         shape = self.query.moe
         slots = tokens * shape.top_k
         return (operands.bf16_specs(self.query.act_mode, tokens, shape.hidden)
                 + [((slots, shape.hidden), torch.bfloat16), ((slots, rows13(shape)), torch.float32),
                    ((slots, shape.intermediate), torch.bfloat16)]
                 + operands.bf16_specs(shape.act_mode_2, slots, shape.intermediate)
-                + [((slots, shape.hidden), torch.bfloat16), ((self._gemm_bytes(),), torch.uint8)])  # fmt: skip
+                + [((slots, shape.hidden), torch.float32), ((self._gemm_bytes(),), torch.uint8)])  # fmt: skip
 
     def scratch_bytes(self, tokens, config):
         return workspace.nbytes(self._specs(tokens))
