@@ -28,7 +28,7 @@ import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import plan, workspace
 from b12x_core.backends import DeviceInfo, MoEShape, Query
-from b12x_core.backends.block_scaled_mma_moe import BlockScaledMmaMoE
+from b12x_core.backends.block_scaled_mma_moe import BlockScaledMmaMoE, sorted_rows
 from b12x_core.block_scaled import gemm, layout
 from b12x_core.selftest import checks
 from b12x_core.weights import DeviceWeights, as_shards
@@ -109,6 +109,26 @@ def test_each_experts_layout_is_its_checkpoint_bytes(rng, fmt, act):
         assert np.array_equal(back["weight_scale"], np.asarray(qw.tensors["weight_scale"][x]).view(np.uint8))
     shard = gemm.upload(packed, np.ones(e * n, np.float32), 0.0, "cpu")
     assert shard.experts == e and shard.codes.numel() == e * packed[0].codes.size
+
+
+@pytest.mark.parametrize("t,top_k,experts,rows", [(1, 1, 8, 8), (1, 4, 32, 8), (7, 2, 8, 8), (300, 8, 32, 32)])
+def test_sorted_rows_and_the_table_agree(rng, t, top_k, experts, rows):
+    """Rows sorted by expert (each expert's slots in slot order), position inverts order, each row's expert; every
+    table block with work lies inside its expert's rows, and the blocks cover every row once; also when the ids sit
+    on two experts only."""
+    for ids in (rng.integers(0, experts, (t, top_k)), rng.choice([0, experts - 1], (t, top_k))):
+        ids = torch.from_numpy(ids).to(torch.int32)
+        order, row_expert, position, table = sorted_rows(ids, experts, rows)
+        flat = ids.reshape(-1).to(torch.int64)
+        assert torch.equal(order, torch.argsort(flat, stable=True))
+        assert torch.equal(position[order], torch.arange(t * top_k))
+        assert torch.equal(row_expert.to(torch.int64), flat[order]) and row_expert.dtype == torch.int32
+        covered = torch.zeros(t * top_k, dtype=torch.int64)
+        for e, start, count in table.T.tolist():
+            if e >= 0:
+                assert 1 <= count <= rows and (row_expert[start : start + count] == e).all()
+                covered[start : start + count] += 1
+        assert (covered == 1).all()
 
 
 def _models(monkeypatch, modes: dict, calls: list):

@@ -4,9 +4,8 @@ linear backend's kernel, layout and activation pass (block_scaled_mma.py) driven
 experts × nvfp4 on .kind::mxf4nvf4, MXFP4 experts × mxfp8 on .kind::mxf8f6f4).
 
 A call, with no host synchronisation (so it captures in a CUDA graph for a given T):
-1. routing (torch ops): the token slots sorted by expert (cutlass_sm90_moe.sorted_routing: each sorted row's expert,
-   each slot's sorted row) and the block table of 8·mt-row blocks of one expert each (moe_blocks.block_table_torch:
-   the same grouping, expert e's rows [offsets[e], offsets[e + 1]));
+1. routing (torch ops, moe_blocks.block_table_torch): the token slots sorted by expert (a stable sort) and the block
+   table of 8·mt-row blocks of one expert each over that order; each sorted row's expert and each slot's sorted row;
 2. x's rows gathered into sorted order (bf16), then the activation pass over them (bsmma_quantize: the same bytes as
    quantizing each token once, the pass being per row);
 3. gate/up: the grouped GEMM, float32 rows without factors (the activation sees the unrounded product);
@@ -35,11 +34,26 @@ from ..block_scaled import gemm, layout, probe
 from ..moe_blocks import block_table_torch, max_blocks
 from ..weights import row_factors
 from .base import Backend, config_ranges, cuda_reason
-from .cutlass_sm90_moe import rows13, sorted_routing
 from .operands import in_kernel_scale
 
 MOE_PAIRS = layout.FAMILY.moe_instructions
 INT32_MAX = 2**31 - 1
+
+
+def rows13(shape) -> int:
+    """Rows of w13 per expert: gate and up (SiLU) or one (ReLU²)."""
+    return 2 * shape.intermediate if shape.activation == "silu" else shape.intermediate
+
+
+def sorted_rows(ids: torch.Tensor, experts: int, rows_per_block: int):
+    """-> (order int64 [S]: the slot at each sorted row, row_expert int32 [S], position int64 [S]: each slot's sorted
+    row, table int32 [3, blocks]) for S = T·k slots sorted by expert (stable), with no host synchronisation."""
+    order, table = block_table_torch(ids, experts, rows_per_block)
+    order = order.to(torch.int64)
+    row_expert = ids.reshape(-1)[order].to(torch.int32)
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=ids.device)
+    return order, row_expert, position, table
 
 
 def _pairs() -> str:
@@ -144,8 +158,7 @@ class BlockScaledMmaMoE(Backend):
         xs, xq, xsc, h, inter, iq, isc, out = workspace.carve(x.device, self._specs(t))
         stream = torch.cuda.current_stream(x.device).cuda_stream
 
-        order, row_expert, position, _ = sorted_routing(topk_ids, shape.experts)
-        _, table = block_table_torch(topk_ids, shape.experts, rows)
+        order, row_expert, position, table = sorted_rows(topk_ids, shape.experts, rows)
         torch.index_select(x.contiguous(), 0, order // k, out=xs)
         gemm.quantize(xs, self.w13, [xq, xsc], stream)
         gemm.grouped(self.w13, [xq, xsc], table, h, rows // 8, stream)
