@@ -265,7 +265,8 @@ class BsmmaFamily(Family):
 BSMMA_UNIT_K = 128
 BSMMA = BsmmaFamily(
     name="bsmma_gemm", args=BsmmaArgs, formats=("NVFP4", "MXFP4", "MXFP8", "FP8"),
-    act_modes=("nvfp4", "mxfp8", "fp8_static", "fp8_token"), token_tiles=(1, 4), unit_k=BSMMA_UNIT_K, capability_major=12,
+    act_modes=("nvfp4", "mxfp8", "fp8_static", "fp8_token"), token_tiles=(1, 4), unit_k=BSMMA_UNIT_K,
+    capability_major=12,
     instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP8", "mxfp8"): "MXF8", ("MXFP4", "mxfp8"): "MXF4_MXF8",
                   ("FP8", "fp8_static"): "FP8", ("FP8", "fp8_token"): "FP8"},
     moe_instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP4", "mxfp8"): "MXF4_MXF8"},
