@@ -22,10 +22,11 @@ import b12x_formats as bf
 from b12x_core import activations, plan
 from b12x_core.backends import DeviceInfo, Query
 from b12x_core.backends.block_scaled_mma import BlockScaledMma
-from b12x_core.block_scaled import layout
+from b12x_core.block_scaled import gemm, layout
 from b12x_core.selftest import checks
 from b12x_core.weights import DeviceWeights
 from b12x_kernels import block_scaled_mma as bsm
+from b12x_kernels import interface
 
 MODES = ["fp8_static", "fp8_token"]
 CUDA = torch.device("cuda", 0)
@@ -54,6 +55,9 @@ def test_fp8_repack_is_lossless(rng):
     w = layout.pack_rows(layout.FP8, codes, None, k)
     assert np.array_equal(layout.unpack(w)["weight"], codes)
     assert w.scales.size == 0 and w.codes.size == -(-n // 16) * 16 * w.units * 128
+    shard = gemm.upload(w, np.ones(n, np.float32), 0.0, "cpu")
+    args = interface.BsmmaArgs.from_buffer_copy(shard.args(4, n))
+    assert args.kind == interface.BSMMA_KIND_FP8 and args.scales == 0 and args.K == k and args.units * 128 == k
 
 
 @pytest.mark.parametrize("m,mt", [(1, 1), (8, 1), (9, 4), (40, 4)])
@@ -164,7 +168,6 @@ def test_gpu_fp8_linear_fast(rng, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_fp8_every_output_is_written(rng, mode):
     from b12x_core import workspace
-    from b12x_core.block_scaled import gemm
 
     m, n, k = 9, 56, 384
     scale = _input_scale(mode)

@@ -32,6 +32,8 @@ from b12x_core.backends.block_scaled_mma_moe import BlockScaledMmaMoE, sorted_ro
 from b12x_core.block_scaled import gemm, layout
 from b12x_core.selftest import checks
 from b12x_core.weights import DeviceWeights, as_shards
+from b12x_kernels import block_scaled_mma as bsm
+from b12x_kernels import interface
 
 pytest.importorskip("triton")
 
@@ -109,6 +111,13 @@ def test_each_experts_layout_is_its_checkpoint_bytes(rng, fmt, act):
         assert np.array_equal(back["weight_scale"], np.asarray(qw.tensors["weight_scale"][x]).view(np.uint8))
     shard = gemm.upload(packed, np.ones(e * n, np.float32), 0.0, "cpu")
     assert shard.experts == e and shard.codes.numel() == e * packed[0].codes.size
+    # the grouped argument block: experts a layout apart, float32 out, no row factors; the linear's: none of those
+    grouped = interface.BsmmaArgs.from_buffer_copy(shard.args(4, n, grouped=True, out_f32=True, row_scale=False))
+    assert (grouped.expert_codes, grouped.expert_scales) == (packed[0].codes.size, packed[0].scales.size)
+    assert grouped.out_f32 == 1 and grouped.row_scale == 0 and grouped.mt == 4 and grouped.N == n
+    assert grouped.kind == bsm.kind_id(layout.instruction(layout.instruction_of(fmt, act)))
+    linear = interface.BsmmaArgs.from_buffer_copy(shard.args(1, n))
+    assert (linear.expert_codes, linear.expert_scales, linear.out_f32) == (0, 0, 0) and linear.row_scale != 0
 
 
 @pytest.mark.parametrize("t,top_k,experts,rows", [(1, 1, 8, 8), (1, 4, 32, 8), (7, 2, 8, 8), (300, 8, 32, 32)])
