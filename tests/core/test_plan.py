@@ -168,10 +168,12 @@ def test_two_weight_copies_when_asked_for(rng, monkeypatch):
 
 
 def test_an_unmeasured_key_gets_the_defaults_and_explain_says_so():
-    q = query("FP8", "fp8_token", SM120)
+    q = query("FP8_BLOCK", "fp8_group128", SM120)
     basis, _, decisions = plan.choose(q, entries=())
     assert "conservative defaults" in basis and "sm_120" in basis
     assert decisions[0].backend.name == "cuda_gemv" and decisions[0].hi == 16  # M=1: the GEMV
+    _, _, fp8 = plan.choose(query("FP8", "fp8_token", SM120), entries=())  # FP8 × fp8: SM12x's mma.sync at every M
+    assert {d.backend.name for d in fp8} == {"block_scaled_mma"}
 
 
 @pytest.mark.parametrize("fmt,mode", PAIRS, ids=str)

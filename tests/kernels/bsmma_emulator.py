@@ -1,7 +1,8 @@
 """csrc/bsmma_gemm.cu's GEMM in NumPy: every lane's loads at the byte offsets the kernel reads them from (the repacked
 weight, the activation pass's codes and scales), each instruction computed by b12x_kernels.block_scaled_mma's model.
 So the repack, the activation layout and the kernel's addressing are held to the PTX fragment tables on a CPU; the
-kernel's own arithmetic is the model's (the emulation equals it bit for bit: test_block_scaled_emulation.py)."""
+kernel's own arithmetic is the model's (the emulation equals it bit for bit: test_block_scaled_emulation.py). FP8's
+plain E4M3 mma is MXF8's model with unit scales (exact products, fp32 sums: its layout is what this checks)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,10 @@ def gemm(w: layout.BsmmaWeight, xq: np.ndarray, xs: np.ndarray, m: int, mt: int 
             else:
                 a = _words(w.codes, base + 16 * s, 4)
             slot = ((tile * units + u) * 16 + 2 * g[None, :] + (lane[None, :] & 1)) * sfa_bytes
-            if instr.scale_vec == 4:
+            if not layout.scaled(name):  # the plain E4M3 mma: MXF8's model with every scale 2^0
+                sfa = np.full((n16, 32), 0x7F7F7F7F, np.uint32)
+                sfb = np.full(tok.shape, 0x7F7F7F7F, np.uint32)
+            elif instr.scale_vec == 4:
                 sfa = _words(w.scales, slot + 4 * s, 1)[..., 0]
                 sfb = _words(xs, tok * row_s + u * row_s // units + 4 * s, 1)[..., 0]
             else:

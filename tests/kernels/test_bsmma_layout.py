@@ -109,7 +109,7 @@ def test_sm12x_plans_choose_it_at_every_token_count(fmt, mode, info):
 def test_it_declines_off_sm12x_and_for_other_pairs(fmt, mode):
     ok, why = BlockScaledMma.can_implement(_query(fmt, mode, H100))
     assert not ok and "12.x" in why
-    for other_fmt, other_mode in [("NVFP4", "mxfp8"), ("NVFP4", "bf16"), ("FP8", "fp8_static"), ("MXFP4", "bf16")]:
+    for other_fmt, other_mode in [("NVFP4", "mxfp8"), ("NVFP4", "bf16"), ("FP8", "fp8_group128"), ("MXFP4", "bf16")]:
         ok, why = BlockScaledMma.can_implement(_query(other_fmt, other_mode, SM120))
         assert not ok and f"not {other_fmt} × {other_mode}" in why
     cpu = DeviceInfo(torch.device("cpu"), None, kernels="needs a CUDA device")

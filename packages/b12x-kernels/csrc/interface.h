@@ -22,6 +22,7 @@ constexpr int MMA_CHUNK_K_Q8_0 = 64;
 constexpr int MMA_CHUNK_K_IQ2_XXS = 256;
 constexpr int MMA_CHUNK_K_IQ2_XS = 256;
 constexpr int BSMMA_UNIT_K = 128;  // bsmma_gemm's K unit (interface.BSMMA)
+constexpr int BSMMA_KIND_FP8 = 16;  // bsmma_gemm's plain E4M3 mma.sync (FP8 × fp8)
 
 // What the tensor-core GEMM's result becomes (MmaArgs::epilogue).
 enum MmaOut : int {
@@ -107,7 +108,10 @@ struct BsmmaArgs {
   int units;                      // K units of BSMMA_UNIT_K in the repacked weight (K padded with zero codes)
   int mt;                         // token fragments of 8 a warp: 1 or 4
   int pdl;                        // 1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)
+  int expert_codes;               // grouped (bsmma_mma with a block table): bytes of one expert's codes, else 0
+  int expert_scales;              // grouped: bytes of one expert's scale words, else 0
+  int out_f32;                    // 1: y is float32 (the grouped MoE's rows), 0: bf16
 };
-static_assert(sizeof(BsmmaArgs) == 64, "BsmmaArgs: b12x_kernels/interface.py lays it out differently");
+static_assert(sizeof(BsmmaArgs) == 72, "BsmmaArgs: b12x_kernels/interface.py lays it out differently");
 
 }  // namespace b12x

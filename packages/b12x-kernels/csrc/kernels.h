@@ -114,5 +114,13 @@ const char* bsmma_args_error(const BsmmaArgs& args);
 size_t bsmma_x_bytes(int kind, int M, int units, bool scales);
 cudaError_t bsmma_gemm(const BsmmaArgs& args, const __nv_bfloat16* x, uint8_t* xq, uint8_t* xs,
                        const __nv_bfloat16* bias, __nv_bfloat16* y, int M, cudaStream_t stream);
+// Its two launches one at a time. bsmma_quantize: the activation pass alone (not FP8, whose codes come from the fp8
+// pass). bsmma_mma: the GEMM on quantized rows xq / xs (FP8: xs unused, x_row_scale its per-row scale or null), y
+// float32 where args.out_f32; with `table` (int32 [3, blocks]: b12x_core.moe_blocks) the grouped form, CTA row y one
+// table block of sorted rows against its expert's weight (args.expert_codes / expert_scales bytes apart).
+cudaError_t bsmma_quantize(const BsmmaArgs& args, const __nv_bfloat16* x, uint8_t* xq, uint8_t* xs, int M,
+                           cudaStream_t stream);
+cudaError_t bsmma_mma(const BsmmaArgs& args, const uint8_t* xq, const uint8_t* xs, const float* x_row_scale,
+                      const int* table, int blocks, const __nv_bfloat16* bias, void* y, int M, cudaStream_t stream);
 
 }  // namespace b12x

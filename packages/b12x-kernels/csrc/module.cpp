@@ -233,6 +233,39 @@ PYBIND11_MODULE(_C, m) {
       py::arg("args"), py::arg("x"), py::arg("xq"), py::arg("xs"), py::arg("bias"), py::arg("y"), py::arg("M"),
       py::arg("stream"));
   m.def(
+      "bsmma_quantize",
+      [](const py::bytes& args_bytes, std::uintptr_t x, std::uintptr_t xq, std::uintptr_t xs, int M,
+         std::uintptr_t stream) {
+        const auto p = args_of<b12x::BsmmaArgs>(args_bytes, "bsmma_quantize");
+        if (const char* error = b12x::bsmma_args_error(p)) throw std::invalid_argument(error);
+        if (p.kind == b12x::BSMMA_KIND_FP8) throw std::invalid_argument("bsmma_quantize: FP8 takes the fp8 pass's codes");
+        if (M < 1) throw std::invalid_argument("bsmma_quantize: need M >= 1");
+        if (!x || !xq || !xs || xq % 16 || xs % 4 || x % 2)
+          throw std::invalid_argument("bsmma_quantize: null or misaligned x / xq (16 bytes) / xs (4 bytes)");
+        check(b12x::bsmma_quantize(p, ptr<const __nv_bfloat16>(x), ptr<uint8_t>(xq), ptr<uint8_t>(xs), M,
+                                   stream_of(stream)),
+              "bsmma_quantize launch");
+      },
+      py::arg("args"), py::arg("x"), py::arg("xq"), py::arg("xs"), py::arg("M"), py::arg("stream"));
+  m.def(
+      "bsmma_mma",
+      [](const py::bytes& args_bytes, std::uintptr_t xq, std::uintptr_t xs, std::uintptr_t x_row_scale,
+         std::uintptr_t table, int blocks, std::uintptr_t bias, std::uintptr_t y, int M, std::uintptr_t stream) {
+        const auto p = args_of<b12x::BsmmaArgs>(args_bytes, "bsmma_mma");
+        if (const char* error = b12x::bsmma_args_error(p)) throw std::invalid_argument(error);
+        if (M < 1) throw std::invalid_argument("bsmma_mma: need M >= 1");
+        if (table && (blocks < 1 || table % 4)) throw std::invalid_argument("bsmma_mma: a table needs blocks >= 1");
+        if (!xq || !y || xq % 16 || (p.kind != b12x::BSMMA_KIND_FP8 && (!xs || xs % 4)) || x_row_scale % 4 ||
+            y % 4)
+          throw std::invalid_argument("bsmma_mma: null or misaligned xq (16 bytes) / xs (4 bytes) / y");
+        check(b12x::bsmma_mma(p, ptr<const uint8_t>(xq), ptr<const uint8_t>(xs), ptr<const float>(x_row_scale),
+                              ptr<const int>(table), blocks, ptr<const __nv_bfloat16>(bias), ptr<void>(y), M,
+                              stream_of(stream)),
+              "bsmma_mma launch");
+      },
+      py::arg("args"), py::arg("xq"), py::arg("xs"), py::arg("x_row_scale"), py::arg("table"), py::arg("blocks"),
+      py::arg("bias"), py::arg("y"), py::arg("M"), py::arg("stream"));
+  m.def(
       "bsmma_x_bytes",
       [](int kind, int M, int units, bool scales) { return b12x::bsmma_x_bytes(kind, M, units, scales); },
       py::arg("kind"), py::arg("M"), py::arg("units"), py::arg("scales"));

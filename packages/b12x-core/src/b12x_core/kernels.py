@@ -18,10 +18,10 @@ import importlib
 import b12x_kernels
 from b12x_kernels import block_scaled_mma, interface
 
-__all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "built", "compiled_archs", "embedding_q8_0",
-           "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm", "mma_dequantize", "mma_gemm", "mma_smem_bytes",
-           "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm", "sm90_mixed_reorder",
-           "sm90_mixed_workspace_bytes", "sm90_moe_gemm", "sm90_moe_workspace_bytes",
+__all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "bsmma_mma", "bsmma_quantize", "built",
+           "compiled_archs", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm",
+           "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm",
+           "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "sm90_moe_gemm", "sm90_moe_workspace_bytes",
            "unavailable_reason", "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
 
 TRITON_MODULES = ("tiles", "act_quant", "moe_route", "topk_route", "mma_dequant", "moe_sorted")
@@ -71,6 +71,14 @@ def mma_gemm(args: bytes, *per_call, **kwargs) -> None:
 
 def bsmma_gemm(args: bytes, *per_call, **kwargs) -> None:
     b12x_kernels.bsmma_gemm(args, *per_call, **kwargs)
+
+
+def bsmma_quantize(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.bsmma_quantize(args, *per_call, **kwargs)
+
+
+def bsmma_mma(args: bytes, *per_call, **kwargs) -> None:
+    b12x_kernels.bsmma_mma(args, *per_call, **kwargs)
 
 
 def mma_dequantize(args: bytes, *per_call, **kwargs) -> None:

@@ -85,6 +85,10 @@ def _needs_build(name: str):
 #       on sm_120a / sm_121a, its exact model elsewhere): x quantized into the scratch xq / xs (bsmma_x_bytes(kind, m,
 #       units, scales) bytes each), then y = row_scale · x̂ · W (+ bias), bf16
 #   bsmma_x_bytes(kind, m, units, scales): those scratch sizes
+#   bsmma_quantize(args, x, xq, xs, m, stream) and bsmma_mma(args, xq, xs, x_row_scale, table, blocks, bias, y, m,
+#       stream): its two launches one at a time; bsmma_mma on quantized rows, y float32 where args.out_f32, grouped
+#       over a block table (int32 [3, blocks], b12x_core.moe_blocks) where table is nonzero; FP8 (kind
+#       interface.BSMMA_KIND_FP8) takes the fp8 pass's codes and per-row scale
 #   sm90_mixed_gemm(weight, reordered, m, n, k, w, scales, x, y, alpha, bias, decomposition, sms, workspace,
 #       workspace_bytes, stream, tokens=128): the Hopper mixed-input GEMM on CUTLASS's SM90 pieces (sm_90a;
 #       csrc/sm90_mixed.h): y[m, n] = (x . W^T) * alpha[n] + bias[n], weight an interface.SM90_MIXED_WEIGHTS id, W in
@@ -112,6 +116,8 @@ mma_smem_bytes = _C.mma_smem_bytes if _C else _needs_build("mma_smem_bytes")
 block_scaled_mma_probe = _C.block_scaled_mma_probe if _C else _needs_build("block_scaled_mma_probe")
 bsmma_gemm = _C.bsmma_gemm if _C else _needs_build("bsmma_gemm")
 bsmma_x_bytes = _C.bsmma_x_bytes if _C else _needs_build("bsmma_x_bytes")
+bsmma_quantize = _C.bsmma_quantize if _C else _needs_build("bsmma_quantize")
+bsmma_mma = _C.bsmma_mma if _C else _needs_build("bsmma_mma")
 sm90_mixed_gemm = _C.sm90_mixed_gemm if _C else _needs_build("sm90_mixed_gemm")
 sm90_mixed_workspace_bytes = _C.sm90_mixed_workspace_bytes if _C else _needs_build("sm90_mixed_workspace_bytes")
 sm90_mixed_reorder = _C.sm90_mixed_reorder if _C else _needs_build("sm90_mixed_reorder")

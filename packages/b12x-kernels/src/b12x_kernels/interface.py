@@ -166,6 +166,9 @@ BsmmaArgs = _block(
         ("units", "int", "K units of BSMMA_UNIT_K in the repacked weight (K padded with zero codes)"),
         ("mt", "int", "token fragments of 8 a warp: 1 or 4"),
         ("pdl", "int", "1: programmatic dependent launch (csrc/launch.cuh: overlaps the previous kernel's tail)"),
+        ("expert_codes", "int", "grouped (bsmma_mma with a block table): bytes of one expert's codes, else 0"),
+        ("expert_scales", "int", "grouped: bytes of one expert's scale words, else 0"),
+        ("out_f32", "int", "1: y is float32 (the grouped MoE's rows), 0: bf16"),
     ],
 )
 
@@ -254,18 +257,25 @@ SM90_MOE_WEIGHTS = {"NVFP4": 1, "W4A16_NVFP4": 1, "MXFP4": 2}  # csrc/sm90_mixed
 class BsmmaFamily(Family):
     """SM12x's block-scaled mma.sync GEMM (csrc/bsmma_gemm.cu). token_tiles: mt, 8·mt tokens a warp."""
 
-    # (weight format, activation mode) -> its instruction (b12x_kernels.block_scaled_mma.DEVICE_INSTRUCTIONS' name)
+    # (weight format, activation mode) -> its instruction (b12x_kernels.block_scaled_mma.DEVICE_INSTRUCTIONS' name,
+    # or "FP8": the plain E4M3 mma.sync, MXF8's fragments without scales)
     instructions: dict[tuple[str, str], str]
+    moe_instructions: dict[tuple[str, str], str]  # the fused MoE's pairs (experts' format, activation mode)
     unit_k: int  # K a step of the kernel's loop: the weight and the quantized activations are padded to whole units
     capability_major: int  # the GPUs that run the instruction (compute capability 12.x); elsewhere its exact model
 
 
 BSMMA_UNIT_K = 128
 BSMMA = BsmmaFamily(
-    name="bsmma_gemm", args=BsmmaArgs, formats=("NVFP4", "MXFP4", "MXFP8"), act_modes=("nvfp4", "mxfp8"),
-    token_tiles=(1, 4), unit_k=BSMMA_UNIT_K, capability_major=12,
-    instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP8", "mxfp8"): "MXF8", ("MXFP4", "mxfp8"): "MXF4_MXF8"},
+    name="bsmma_gemm", args=BsmmaArgs, formats=("NVFP4", "MXFP4", "MXFP8", "FP8"),
+    act_modes=("nvfp4", "mxfp8", "fp8_static", "fp8_token"), token_tiles=(1, 4), unit_k=BSMMA_UNIT_K,
+    capability_major=12,
+    instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP8", "mxfp8"): "MXF8", ("MXFP4", "mxfp8"): "MXF4_MXF8",
+                  ("FP8", "fp8_static"): "FP8", ("FP8", "fp8_token"): "FP8"},
+    moe_instructions={("NVFP4", "nvfp4"): "NVFP4", ("MXFP4", "mxfp8"): "MXF4_MXF8"},
 )  # fmt: skip
+# The kind of the plain E4M3 mma.sync m16n8k32 (FP8 × fp8: no block scales), beside bsmma::Kind's block-scaled ones.
+BSMMA_KIND_FP8 = 16
 FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, SM90_MOE, BSMMA)
 
 
@@ -289,6 +299,7 @@ def header() -> str:
     for fmt in LAYOUTS:
         lines.append(f"constexpr int MMA_CHUNK_K_{fmt} = {chunk_k(fmt)};")
     lines.append(f"constexpr int BSMMA_UNIT_K = {BSMMA_UNIT_K};  // bsmma_gemm's K unit (interface.BSMMA)")
+    lines.append(f"constexpr int BSMMA_KIND_FP8 = {BSMMA_KIND_FP8};  // bsmma_gemm's plain E4M3 mma.sync (FP8 × fp8)")
     lines += ["", "// What the tensor-core GEMM's result becomes (MmaArgs::epilogue).", "enum MmaOut : int {"]
     lines += [f"  MMA_OUT_{name.upper()} = {i}," for i, name in enumerate(EPILOGUES)]
     lines += ["};", ""]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .base import Backend, Config, DeviceInfo, MoEShape, Overrides, Query
 from .block_scaled_mma import BlockScaledMma
+from .block_scaled_mma_moe import BlockScaledMmaMoE
 from .cublas import BlockScaledMM, DequantGemm, ScaledMM
 from .cuda_gemv import CudaGemv
 from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
@@ -30,6 +31,8 @@ REGISTRY: tuple[type[Backend], ...] = (
     TensorCoreWgmma,  # after the others: chosen only where measurements (timings.json) say it is faster
     CutlassSm90,  # likewise
     CutlassSm90Checkpoint,  # likewise
+    # SM12x only, like BlockScaledMma: the MoE pairs with a block-scaled mode (NVFP4 × nvfp4, MXFP4 × mxfp8)
+    BlockScaledMmaMoE,
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their
     # proxy): on SM90 it ran faster than the Triton MoE at every measured token count, format and shape
     # (timings.json; `python benchmarks/moe.py --backends tensor_core_moe,triton_moe`). The Triton MoE runs what

@@ -4,6 +4,11 @@ table: format × activation mode -> instruction). The weight is repacked once in
 own layout, "bsmma": block_scaled.layout), the activations quantized into codes and scale bytes by a pass before the
 GEMM, each row's per-tensor factor (nvfp4's input_scale included) in the epilogue.
 
+FP8 × fp8 (fp8_static, fp8_token) runs the same GEMM on the plain E4M3 mma.sync m16n8k32 (no block scales: MXF8's
+fragments and code layout; native on sm_89+, so both builds issue it): the activations are the fp8 pass's e4m3 codes
+(b12x_kernels.act_quant, Triton), each shard's per-tensor weight factor (times fp8_static's input_scale) in
+`row_scale`, fp8_token's per-token scale in the epilogue. It reads the pass's rows of K codes, so K % 128 == 0.
+
 On a GPU of compute capability 12.x the plans choose it for these pairs at every token count (first in the registry;
 nothing is measured there yet). Elsewhere it declines: the sm_90 build computes the instruction's exact model instead
 (bsmma::emulate), which tests and the self-test run by name (plan.build(..., only=BlockScaledMma)). Its first prepare on
@@ -35,9 +40,11 @@ class BlockScaledMma(Backend):
         name = layout.instruction_of(q.format, q.act_mode)
         if name is None:
             return False, f"runs {_pairs()}, not {q.format} × {q.act_mode}"
+        if name == layout.FP8 and q.k % layout.UNIT:
+            return False, f"FP8 reads the fp8 pass's rows whole: needs K % {layout.UNIT} == 0, K is {q.k}"
         if q.shares_bytes:
             return False, "repacks the weight into its own layout; this op shares another op's bytes (tied head)"
-        why = cuda_reason(q)
+        why = cuda_reason(q, triton=name == layout.FP8)  # FP8's activations: the Triton fp8 pass
         if why:
             return False, why
         capability = q.device.capability
@@ -47,17 +54,21 @@ class BlockScaledMma(Backend):
         why = probe.failed(q.device.device, name)
         if why:
             return False, f"withdrawn in this process: its first-use probe disagreed ({why})"
+        if name == layout.FP8:
+            return True, "SM12x mma.sync m16n8k32 e4m3 × e4m3 (per-tensor / per-token scales in the epilogue)"
         return True, f"SM12x block-scaled mma.sync ({layout.instruction(name).ptx.split('.kind::')[1]})"
 
     @classmethod
     def prepare(cls, query, weights):
-        probe.first_use(query, layout.instruction_of(query.format, query.act_mode))
+        name = layout.instruction_of(query.format, query.act_mode)
+        if layout.scaled(name):  # the plain E4M3 mma.sync is no new instruction model: no probe
+            probe.first_use(query, name)
         return cls(query, weights)
 
     def __init__(self, query, weights):
         super().__init__(query, weights)
         self.instruction = layout.instruction_of(query.format, query.act_mode)
-        x_scale = in_kernel_scale(query.act_mode, weights.input_scale)
+        x_scale = in_kernel_scale(query.act_mode, weights.input_scale)  # fp8_static: its input_scale
         row_scale = weights.row_factor.cpu().numpy()
         self.shard = weights.shared("bsmma", lambda: gemm.prepare(weights.shards, query.act_mode, row_scale, x_scale,
                                                                   weights.device))  # fmt: skip
@@ -82,5 +93,6 @@ class BlockScaledMma(Backend):
         if bias is not None and bias.dtype != torch.bfloat16:
             bias = bias.to(torch.bfloat16)
         stream = torch.cuda.current_stream(x2.device).cuda_stream
-        gemm.run(x2.contiguous(), self.shard, y, bias, config["tokens"] // 8, buffers, stream)
+        gemm.run(x2.contiguous(), self.shard, y, bias, config["tokens"] // 8, buffers, stream, q.act_mode,
+                 self.shard.x_scale)  # fmt: skip
         return y

@@ -51,8 +51,17 @@ def instruction_of(fmt: str, act_mode: str) -> str | None:
     return FAMILY.instructions.get((fmt, act_mode))
 
 
+FP8 = "FP8"  # the plain E4M3 mma.sync m16n8k32 (FP8 × fp8): MXF8's fragments and code layout, no block scales
+
+
 def instruction(name: str) -> bsm.BlockScaledMma:
-    return bsm.DEVICE_INSTRUCTIONS[name]
+    """The model of instruction `name`; FP8's fragments and element types are MXF8's (its scales are none)."""
+    return bsm.DEVICE_INSTRUCTIONS["MXF8" if name == FP8 else name]
+
+
+def scaled(name: str) -> bool:
+    """Whether the instruction takes block scales (all but FP8)."""
+    return name != FP8
 
 
 def packed_a(name: str) -> bool:
@@ -72,8 +81,8 @@ def step_bytes(name: str) -> int:
 
 
 def scale_bytes(name: str) -> int:
-    """A row's (or a token's) scale bytes of one unit: one a block."""
-    return UNIT // instruction(name).block
+    """A row's (or a token's) scale bytes of one unit: one a block (none for FP8)."""
+    return UNIT // instruction(name).block if scaled(name) else 0
 
 
 def x_bytes(name: str) -> int:
@@ -86,8 +95,11 @@ def units_of(k: int) -> int:
 
 
 def x_specs(name: str, m: int, k: int) -> list:
-    """The activation pass's buffers of m tokens: codes and scale bytes (workspace.carve specs)."""
+    """The activation pass's buffers of m tokens: codes and scale bytes (workspace.carve specs); FP8's: the fp8
+    pass's e4m3 codes [m, k] and per-token scales [m] (b12x_kernels.act_quant)."""
     units = units_of(k)
+    if not scaled(name):
+        return [((m, k), torch.uint8), ((m,), torch.float32)]
     return [((m * units * x_bytes(name),), torch.uint8), ((m * units * scale_bytes(name),), torch.uint8)]
 
 
@@ -100,7 +112,7 @@ class BsmmaWeight:
     k: int
     units: int
     codes: np.ndarray  # uint8 [ceil(N/16) · units · 32 · steps · step_bytes / 2]
-    scales: np.ndarray  # uint8 [ceil(N/16) · units · 16 · scale_bytes]
+    scales: np.ndarray  # uint8 [ceil(N/16) · units · 16 · scale_bytes] (empty for FP8)
 
 
 def _pad(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -125,26 +137,41 @@ def pack_rows(name: str, weight: np.ndarray, scales: np.ndarray, k: int) -> Bsmm
     n16, units = -(-n // TILE_ROWS), units_of(k)
     codes = _pad(weight, n16 * TILE_ROWS, units * steps(name) * step_bytes(name))
     codes = codes.reshape(_code_axes(name, n16, units)).transpose(_TO_LANES)
-    sc = _pad(scales, n16 * TILE_ROWS, units * scale_bytes(name))
+    sc = _pad(scales if scaled(name) else np.zeros((n, 0), np.uint8), n16 * TILE_ROWS, units * scale_bytes(name))
     sc = sc.reshape(n16, 2, 8, units, scale_bytes(name)).transpose(_TO_SLOTS)
     return BsmmaWeight(name, n, k, units, np.ascontiguousarray(codes).reshape(-1),
                        np.ascontiguousarray(sc).reshape(-1))  # fmt: skip
 
 
-def pack(shards: list[bf.QuantizedWeight], act_mode: str) -> BsmmaWeight:
-    """Row shards of one format (a fused qkv / gate_up, or one weight) stacked along N -> the layout; each shard's
-    per-tensor factor stays the caller's (per row: weights.row_factors)."""
+def _rows(shards: list[bf.QuantizedWeight], tensor: str, expert: int | None) -> np.ndarray:
+    """A tensor's bytes of every shard (of one expert of a stack), one row a weight row."""
+    parts = []
+    for p in shards:
+        a = np.ascontiguousarray(p.tensors[tensor] if expert is None else p.tensors[tensor][expert])
+        parts.append(a.view(np.uint8).reshape(p.shape[-2], -1))
+    return np.concatenate(parts)
+
+
+def pack(shards: list[bf.QuantizedWeight], act_mode: str, expert: int | None = None) -> BsmmaWeight:
+    """Row shards of one format (a fused qkv / gate_up, or one weight; of expert `expert` of [E, N, K] stacks)
+    stacked along N -> the layout; each shard's per-tensor factor stays the caller's (per row: weights.row_factors).
+    FP8's per-tensor weight_scale is such a factor: its layout holds the codes alone."""
     fmt = shards[0].format
     name = instruction_of(fmt, act_mode)
-    if name is None or any(len(p.shape) != 2 for p in shards):
-        raise ValueError(f"the block-scaled GEMM takes [N, K] weights of {sorted(FAMILY.instructions)}, got "
-                         f"{fmt} × {act_mode} {[tuple(p.shape) for p in shards]}")  # fmt: skip
-    k = shards[0].shape[1]
-    weight = np.concatenate([np.ascontiguousarray(p.tensors["weight"]).view(np.uint8).reshape(p.shape[0], -1)
-                             for p in shards])  # fmt: skip
-    scales = np.concatenate([np.ascontiguousarray(p.tensors["weight_scale"]).view(np.uint8).reshape(p.shape[0], -1)
-                             for p in shards])  # fmt: skip
-    return pack_rows(name, weight, scales, k)
+    dims = 2 if expert is None else 3
+    if name is None or any(len(p.shape) != dims for p in shards):
+        raise ValueError(f"the block-scaled GEMM takes {'[N, K]' if dims == 2 else '[E, N, K]'} weights of "
+                         f"{sorted(FAMILY.instructions)}, got {fmt} × {act_mode} "
+                         f"{[tuple(p.shape) for p in shards]}")  # fmt: skip
+    k = shards[0].shape[-1]
+    scales = _rows(shards, "weight_scale", expert) if scaled(name) else None
+    return pack_rows(name, _rows(shards, "weight", expert), scales, k)
+
+
+def pack_experts(shards: list[bf.QuantizedWeight], act_mode: str) -> list[BsmmaWeight]:
+    """[E, N, K] stacks (a gate / up pair, or one) -> each expert's layout (the grouped GEMM's experts, which it
+    finds `len(codes)` and `len(scales)` bytes apart)."""
+    return [pack(shards, act_mode, e) for e in range(shards[0].shape[0])]
 
 
 def unpack(w: BsmmaWeight) -> dict[str, np.ndarray]:
@@ -156,6 +183,8 @@ def unpack(w: BsmmaWeight) -> dict[str, np.ndarray]:
     sc = w.scales.reshape(n16, w.units, 8, 2, scale_bytes(w.instruction)).transpose(np.argsort(_TO_SLOTS))
     sc = sc.reshape(n16 * TILE_ROWS, -1)
     instr = instruction(w.instruction)
+    if not scaled(w.instruction):
+        return {"weight": codes[: w.n, : w.k]}
     return {"weight": codes[: w.n, : w.k * instr.atype.bits // 8], "weight_scale": sc[: w.n, : w.k // instr.block]}
 
 
@@ -220,6 +249,8 @@ def decode_weight(w: BsmmaWeight) -> torch.Tensor:
     t = unpack(w)
     instr = instruction(w.instruction)
     codes = t["weight"]
+    if not scaled(w.instruction):
+        return torch.from_numpy(bsm.decode(bsm.E4M3, codes))
     if instr.atype == bsm.E2M1:
         codes = np.stack([codes & 15, codes >> 4], axis=-1).reshape(w.n, -1)
     scales = bsm.decode(bsm.UE4M3 if instr.stype == bsm.UE4M3 else bsm.UE8M0, t["weight_scale"])
