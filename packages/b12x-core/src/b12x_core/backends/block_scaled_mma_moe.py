@@ -34,6 +34,7 @@ from ..block_scaled import gemm, layout, probe
 from ..moe_blocks import block_table_torch, max_blocks
 from ..weights import row_factors
 from .base import Backend, config_ranges, cuda_reason
+from .block_scaled_mma import sm12x_reason
 from .operands import in_kernel_scale
 
 MOE_PAIRS = layout.FAMILY.moe_instructions
@@ -90,10 +91,9 @@ class BlockScaledMmaMoE(Backend):
         why = cuda_reason(q, triton=True)  # the activation and combine passes are Triton's
         if why:
             return False, why
-        capability = q.device.capability
-        if capability is None or capability[0] != layout.FAMILY.capability_major:
-            return False, (f"issues SM12x's block-scaled mma.sync (compute capability {layout.FAMILY.capability_major}"
-                           ".x); elsewhere only its exact model runs, when asked for by name")  # fmt: skip
+        why = sm12x_reason(q)
+        if why:
+            return False, why
         for name in names:
             why = probe.failed(q.device.device, name)
             if why:

@@ -46,6 +46,13 @@ def token_tile(fmt: str, m: int) -> int:
     return 128 if m <= (512 if fmt == "FP8" else 192) else 256
 
 
+def device_reason(q) -> str:
+    """Why the device cannot run the family's sm_90a kernels (linear and grouped alike); "" where it can."""
+    if q.device.capability != interface.SM90_MIXED_CAPABILITY:
+        return f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
+    return q.device.sm90_mixed
+
+
 def _decomposition(config) -> int:
     return interface.SM90_MIXED_DECOMPOSITIONS.index(config["decomposition"])
 
@@ -119,10 +126,9 @@ class CutlassSm90(Backend):
         why = cuda_reason(q, triton=q.act_mode != "bf16")
         if why:
             return False, why
-        if q.device.capability != interface.SM90_MIXED_CAPABILITY:
-            return False, f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
-        if q.device.sm90_mixed:
-            return False, q.device.sm90_mixed
+        why = device_reason(q)
+        if why:
+            return False, why
         return True, "CUTLASS SM90 mixed-input GEMM (TMA, warp-specialized wgmma, stream-K; weight in registers)"
 
     def __init__(self, query, weights):

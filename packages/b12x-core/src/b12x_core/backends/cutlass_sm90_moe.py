@@ -26,6 +26,7 @@ from .. import kernels, workspace
 from ..kernels import interface
 from . import operands
 from .base import Backend, cuda_reason
+from .cutlass_sm90 import device_reason
 
 FAMILY = interface.SM90_MOE
 TILE_K = interface.SM90_MIXED_TILE_K
@@ -80,10 +81,9 @@ class CutlassSm90MoE(Backend):
         why = cuda_reason(q, triton=True)
         if why:
             return False, why
-        if q.device.capability != interface.SM90_MIXED_CAPABILITY:
-            return False, f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
-        if q.device.sm90_mixed:
-            return False, q.device.sm90_mixed
+        why = device_reason(q)
+        if why:
+            return False, why
         return True, "CUTLASS SM90 grouped mixed-input GEMMs over expert-sorted rows (one problem per expert)"
 
     def __init__(self, query, weights):
