@@ -80,6 +80,16 @@ def _block_scaled_reason(capability: tuple[int, int]) -> str:
     return ""
 
 
+def sm90_mixed_reason(q) -> str:
+    """Why the device cannot run the CUTLASS SM90 family's sm_90a kernels (linear and grouped alike); "" where it
+    can."""
+    from .. import kernels
+
+    if q.device.capability != kernels.interface.SM90_MIXED_CAPABILITY:
+        return f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
+    return q.device.sm90_mixed
+
+
 @functools.cache
 def _device_info(device: torch.device) -> DeviceInfo:
     if device.type != "cuda" or not torch.cuda.is_available():

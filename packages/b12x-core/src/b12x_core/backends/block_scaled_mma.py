@@ -27,15 +27,6 @@ from .base import Backend, config_ranges, cuda_reason
 from .operands import in_kernel_scale
 
 
-def sm12x_reason(q) -> str:
-    """Why the device does not issue the block-scaled instructions (linear and grouped alike); "" where it does."""
-    capability = q.device.capability
-    if capability is None or capability[0] != layout.FAMILY.capability_major:
-        return (f"issues SM12x's block-scaled mma.sync (compute capability {layout.FAMILY.capability_major}.x); "
-                "elsewhere only its exact model runs, when asked for by name")  # fmt: skip
-    return ""
-
-
 def _pairs() -> str:
     return ", ".join(f"{f} × {a}" for f, a in layout.FAMILY.instructions)
 
@@ -56,7 +47,7 @@ class BlockScaledMma(Backend):
         why = cuda_reason(q, triton=name == layout.FP8)  # FP8's activations: the Triton fp8 pass
         if why:
             return False, why
-        why = sm12x_reason(q)
+        why = layout.sm12x_reason(q)
         if why:
             return False, why
         why = probe.failed(q.device.device, name)

@@ -34,7 +34,6 @@ from ..block_scaled import gemm, layout, probe
 from ..moe_blocks import block_table_torch, max_blocks
 from ..weights import row_factors
 from .base import Backend, config_ranges, cuda_reason
-from .block_scaled_mma import sm12x_reason
 from .operands import in_kernel_scale
 
 MOE_PAIRS = layout.FAMILY.moe_instructions
@@ -91,7 +90,7 @@ class BlockScaledMmaMoE(Backend):
         why = cuda_reason(q, triton=True)  # the activation and combine passes are Triton's
         if why:
             return False, why
-        why = sm12x_reason(q)
+        why = layout.sm12x_reason(q)
         if why:
             return False, why
         for name in names:

@@ -22,7 +22,7 @@ from .. import kernels, workspace
 from ..kernels import interface
 from ..weights import stack
 from . import operands
-from .base import Backend, config_ranges, cuda_reason
+from .base import Backend, config_ranges, cuda_reason, sm90_mixed_reason
 
 FAMILY = interface.SM90_MIXED
 TILE_K = interface.SM90_MIXED_TILE_K
@@ -44,13 +44,6 @@ def token_tile(fmt: str, m: int) -> int:
     if m <= 64:
         return 64
     return 128 if m <= (512 if fmt == "FP8" else 192) else 256
-
-
-def device_reason(q) -> str:
-    """Why the device cannot run the family's sm_90a kernels (linear and grouped alike); "" where it can."""
-    if q.device.capability != interface.SM90_MIXED_CAPABILITY:
-        return f"runs sm_90a only (wgmma, TMA): needs compute capability 9.0, this is {q.device.arch}"
-    return q.device.sm90_mixed
 
 
 def _decomposition(config) -> int:
@@ -126,7 +119,7 @@ class CutlassSm90(Backend):
         why = cuda_reason(q, triton=q.act_mode != "bf16")
         if why:
             return False, why
-        why = device_reason(q)
+        why = sm90_mixed_reason(q)
         if why:
             return False, why
         return True, "CUTLASS SM90 mixed-input GEMM (TMA, warp-specialized wgmma, stream-K; weight in registers)"

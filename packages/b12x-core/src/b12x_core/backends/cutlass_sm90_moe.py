@@ -25,8 +25,7 @@ import torch
 from .. import kernels, workspace
 from ..kernels import interface
 from . import operands
-from .base import Backend, cuda_reason
-from .cutlass_sm90 import device_reason
+from .base import Backend, cuda_reason, sm90_mixed_reason
 
 FAMILY = interface.SM90_MOE
 TILE_K = interface.SM90_MIXED_TILE_K
@@ -81,7 +80,7 @@ class CutlassSm90MoE(Backend):
         why = cuda_reason(q, triton=True)
         if why:
             return False, why
-        why = device_reason(q)
+        why = sm90_mixed_reason(q)
         if why:
             return False, why
         return True, "CUTLASS SM90 grouped mixed-input GEMMs over expert-sorted rows (one problem per expert)"

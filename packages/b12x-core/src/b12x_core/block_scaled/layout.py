@@ -42,8 +42,18 @@ from ..kernels import block_scaled_mma as bsm
 from ..kernels import interface
 
 FAMILY = interface.BSMMA
+
 UNIT = FAMILY.unit_k
 TILE_ROWS = 16
+
+
+def sm12x_reason(q) -> str:
+    """Why the device does not issue the block-scaled instructions (linear and grouped alike); "" where it does."""
+    capability = q.device.capability
+    if capability is None or capability[0] != FAMILY.capability_major:
+        return (f"issues SM12x's block-scaled mma.sync (compute capability {FAMILY.capability_major}.x); "
+                "elsewhere only its exact model runs, when asked for by name")  # fmt: skip
+    return ""
 
 
 def instruction_of(fmt: str, act_mode: str) -> str | None:
