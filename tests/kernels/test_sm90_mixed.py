@@ -2,8 +2,8 @@
 the cutlass_sm90 backend).
 
 On CPU: the block-scale carriers' relayout against a loop, Q8_0's split into codes and d's against gguf's decode; the
-backend declines what it cannot run, with the reason (the checkpoint form: MXFP8 and Q8_0); the binding refuses shapes
-before any CUDA call. On an sm_90 GPU (marked gpu): FP8, NVFP4, MXFP4, MXFP8 and Q8_0 weights (the last two in the
+backend declines what it cannot run, with the reason (the checkpoint form: all but FP8); the binding refuses shapes
+before any CUDA call. On an sm_90 GPU (marked gpu): FP8, NVFP4, MXFP4, MXFP8 and Q8_0 weights (all but FP8 in the
 reordered layout only) of two fused shards with their own per-tensor factors, N a multiple of 64 but not of the
 128-row tile, K a multiple of 64 but not of 128, M in {1, 7, 64, 300, 1024} (each with the plan's token tile), bias on
 and off, every scheduler split (data-parallel, CUTLASS's heuristic, stream-K), outputs and scratch poisoned first,
@@ -41,7 +41,7 @@ def _h100(capability=(9, 0), **facts) -> DeviceInfo:
     return DeviceInfo(torch.device("cuda", 0), capability, 132, 227, **facts)
 
 
-def _query(fmt="NVFP4", act_mode="bf16", n=N, k=K, device=None) -> Query:
+def _query(fmt="FP8", act_mode="bf16", n=N, k=K, device=None) -> Query:
     return Query("linear", fmt, act_mode, act_mode, device or _h100(), n=n, k=k, max_tokens=64)
 
 
@@ -103,10 +103,10 @@ def test_backend_declines_with_the_reason(form, query, why):
     assert not ok and why in reason
 
 
-@pytest.mark.parametrize("fmt", ["MXFP8", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "MXFP4", "MXFP8", "Q8_0"])
 def test_checkpoint_form_declines_the_reordered_only_kinds(fmt):
     ok, reason = CutlassSm90Checkpoint.can_implement(_query(fmt=fmt))
-    assert not ok and f"checkpoint layout of FP8, NVFP4, MXFP4 only, not {fmt}" in reason
+    assert not ok and f"checkpoint layout of FP8 only, not {fmt}" in reason
     assert CutlassSm90.can_implement(_query(fmt=fmt))[0]
 
 
@@ -133,8 +133,10 @@ def test_backend_takes_what_it_converts(form):
     "shape,why",
     [
         (dict(weight=7), "unknown weight kind"),
-        (dict(weight=interface.SM90_MIXED_WEIGHTS["MXFP8"], reordered=False), "reordered layout only"),
-        (dict(weight=interface.SM90_MIXED_WEIGHTS["Q8_0"], reordered=False), "reordered layout only"),
+        *[
+            (dict(weight=interface.SM90_MIXED_WEIGHTS[fmt], reordered=False), "reordered layout only")
+            for fmt in ("NVFP4", "MXFP4", "MXFP8", "Q8_0")
+        ],
         (dict(m=0), "m >= 1"),
         (dict(n=96), "N a positive multiple of 64"),
         (dict(k=32), "K a positive multiple of 64"),

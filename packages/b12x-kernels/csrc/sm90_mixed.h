@@ -17,12 +17,15 @@ namespace b12x::sm90 {
 // The weight codes a kernel converts in registers, and their block scales. Values are the binding's: keep in step
 // with b12x_kernels.sm90_mixed.WEIGHTS.
 enum class MixedWeight : int {
-  E4M3 = 0,   // FP8: e4m3 codes, no block scales (the per-tensor factor is alpha)
+  E4M3 = 0,   // FP8: e4m3 codes, no block scales (the per-tensor factor is alpha); either layout
   NVFP4 = 1,  // e2m1 codes, an e4m3 scale per 16 k (4 a k-tile); the global factor is alpha
   MXFP4 = 2,  // e2m1 codes, an e8m0 scale per 32 k (2 a k-tile)
-  MXFP8 = 3,  // e4m3 codes, an e8m0 scale per 32 k (2 a k-tile); reordered layout only
-  Q8_0 = 4,   // int8 codes (GGML Q8_0's q), an fp16 d per 32 k (2 a k-tile); reordered layout only
+  MXFP8 = 3,  // e4m3 codes, an e8m0 scale per 32 k (2 a k-tile)
+  Q8_0 = 4,   // int8 codes (GGML Q8_0's q), an fp16 d per 32 k (2 a k-tile)
 };
+// Every kind has kernels for the reordered layout; E4M3 alone for the checkpoint's too (the plans hold FP8's
+// checkpoint copy; the 4-bit kinds' checkpoint kernels were slower than their reordered ones at every M and shape of the
+// H100 tables, and the plans hold the mma layout for them, so none picked those).
 
 // How the persistent tile scheduler splits the work: a run-time choice of one compiled kernel.
 enum class Decomposition : int { DataParallel = 0, Heuristic = 1, StreamK = 2 };
@@ -42,7 +45,7 @@ struct MixedGemmArgs {
   const float* alpha = nullptr;  // float32 [n]
   const void* bias = nullptr;    // bf16 [n] or null
   int decomposition = 1;         // Decomposition
-  int reordered = 1;             // 1: w in sm90_mixed_reorder's layout; 0: the checkpoint's (K-major rows)
+  int reordered = 1;             // 1: w in sm90_mixed_reorder's layout; 0: the checkpoint's (K-major rows; E4M3 only)
   int sms = 0;                   // SMs the persistent grid covers (the device's count)
   int tokens = 128;              // the tile's tokens: one of kMixedTokenTiles
 };

@@ -18,8 +18,6 @@ B12X_SM90_MIXED_DECLARE(mxfp4)
 B12X_SM90_MIXED_DECLARE(mxfp8)
 B12X_SM90_MIXED_DECLARE(q8_0)
 B12X_SM90_MIXED_DECLARE(e4m3_plain)
-B12X_SM90_MIXED_DECLARE(nvfp4_plain)
-B12X_SM90_MIXED_DECLARE(mxfp4_plain)
 size_t moe_workspace_nvfp4(const MoeGemmArgs&);
 cudaError_t moe_gemm_nvfp4(const MoeGemmArgs&, void*, size_t, cudaStream_t);
 size_t moe_workspace_mxfp4(const MoeGemmArgs&);
@@ -29,8 +27,9 @@ bool mixed_built() { return true; }
 
 const char* mixed_shape_error(const MixedGemmArgs& a) {
   if (a.weight < int(MixedWeight::E4M3) || a.weight > int(MixedWeight::Q8_0)) return "unknown weight kind";
-  if (!a.reordered && a.weight > int(MixedWeight::MXFP4)) {
-    return "MXFP8 and Q8_0 have kernels for the reordered layout only (sm90_mixed_reorder's)";
+  if (!a.reordered && a.weight != int(MixedWeight::E4M3)) {
+    return "FP8 alone has a kernel for the checkpoint's layout; the other kinds read the reordered layout only "
+           "(sm90_mixed_reorder's)";
   }
   if (a.m < 1) return "needs m >= 1";
   // The reordered layout tiles whole 64 x 16 fragments; the scale carriers and TMA boxes whole 64-deep k-tiles.
@@ -60,8 +59,8 @@ const char* mixed_args_error(const MixedGemmArgs& a) {
 size_t mixed_workspace_bytes(const MixedGemmArgs& a) {
   switch (MixedWeight(a.weight)) {
     case MixedWeight::E4M3: return a.reordered ? mixed_workspace_e4m3(a) : mixed_workspace_e4m3_plain(a);
-    case MixedWeight::NVFP4: return a.reordered ? mixed_workspace_nvfp4(a) : mixed_workspace_nvfp4_plain(a);
-    case MixedWeight::MXFP4: return a.reordered ? mixed_workspace_mxfp4(a) : mixed_workspace_mxfp4_plain(a);
+    case MixedWeight::NVFP4: return a.reordered ? mixed_workspace_nvfp4(a) : 0;
+    case MixedWeight::MXFP4: return a.reordered ? mixed_workspace_mxfp4(a) : 0;
     case MixedWeight::MXFP8: return a.reordered ? mixed_workspace_mxfp8(a) : 0;
     case MixedWeight::Q8_0: return a.reordered ? mixed_workspace_q8_0(a) : 0;
   }
@@ -71,10 +70,8 @@ size_t mixed_workspace_bytes(const MixedGemmArgs& a) {
 cudaError_t mixed_gemm(const MixedGemmArgs& a, void* ws, size_t bytes, cudaStream_t s) {
   switch (MixedWeight(a.weight)) {
     case MixedWeight::E4M3: return a.reordered ? mixed_gemm_e4m3(a, ws, bytes, s) : mixed_gemm_e4m3_plain(a, ws, bytes, s);
-    case MixedWeight::NVFP4:
-      return a.reordered ? mixed_gemm_nvfp4(a, ws, bytes, s) : mixed_gemm_nvfp4_plain(a, ws, bytes, s);
-    case MixedWeight::MXFP4:
-      return a.reordered ? mixed_gemm_mxfp4(a, ws, bytes, s) : mixed_gemm_mxfp4_plain(a, ws, bytes, s);
+    case MixedWeight::NVFP4: return a.reordered ? mixed_gemm_nvfp4(a, ws, bytes, s) : cudaErrorInvalidValue;
+    case MixedWeight::MXFP4: return a.reordered ? mixed_gemm_mxfp4(a, ws, bytes, s) : cudaErrorInvalidValue;
     case MixedWeight::MXFP8: return a.reordered ? mixed_gemm_mxfp8(a, ws, bytes, s) : cudaErrorInvalidValue;
     case MixedWeight::Q8_0: return a.reordered ? mixed_gemm_q8_0(a, ws, bytes, s) : cudaErrorInvalidValue;
   }

@@ -5,7 +5,7 @@ registers, the persistent stream-K tile scheduler and CUTLASS's epilogue (per-ro
 FP8, NVFP4, MXFP4, MXFP8 and Q8_0 weights (interface.SM90_MIXED) with the bf16-exact activation modes, compute
 capability 9.0, N and K multiples of 64. Two forms, by the weight layout they read: `CutlassSm90` its own ("sm90": the
 codes reordered so each thread's fragment is one shared-memory load), `CutlassSm90Checkpoint` the checkpoint's bytes
-the GEMV, Triton and cuBLAS backends read too (so a plan can hold one copy; FP8, NVFP4 and MXFP4 only,
+the GEMV, Triton and cuBLAS backends read too (so a plan can hold one copy; FP8 only,
 interface.SM90_MIXED_CHECKPOINT_FORMATS). Both take the block scales as one carrier per row and 64-deep k-tile
 ([K/64, N, 4 or 2 bytes], a small copy made at prepare); Q8_0's blocks are split at prepare into int8 codes, reordered
 as FP8's are, and a carrier of the row's two fp16 d's per k-tile ([K/64, N, 2] float16). Late in the registry: the
