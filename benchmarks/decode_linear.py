@@ -65,6 +65,17 @@ def device_facts(device: torch.device | None = None) -> dict:
     return {"device": torch.cuda.get_device_name(), "capability": capability, "date": day}
 
 
+def saved_or_measured(args, measure) -> dict:
+    """A benchmark's run: the saved --out file that args.from_json names (no measuring, no GPU), else measure(args),
+    written to args.out at once (a summary that then fails loses no measurement)."""
+    if args.from_json:
+        return json.loads(open(args.from_json).read())
+    out = measure(args)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
 def reuse_repacks() -> None:
     """Within this benchmark process, repack each weight for the tensor-core layouts once, however many device
     copies of it are prepared (the host-side repack of a 70B gate_up takes seconds; the copies exist only so

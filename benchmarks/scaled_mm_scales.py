@@ -12,11 +12,10 @@ Prints the layer's µs per variant and M with × bf16.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
-from decode_linear import device_facts, time_graph
+from decode_linear import device_facts, saved_or_measured, time_graph
 from plan_check import BUDGET_MS, MODELS, copies_for, random_weight
 
 import b12x_core as bc
@@ -88,13 +87,7 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--from-json", default="", help="no measuring: print the summary of a saved --out file")
     args = parser.parse_args()
-    if args.from_json:
-        out = json.loads(open(args.from_json).read())
-    else:
-        out = measure(args)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-    print("\n".join(summary(out)))
+    print("\n".join(summary(saved_or_measured(args, measure))))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""CUDA-graph capture for the GPU tests: warm up on a side stream, capture one call, hand back the graph; an MoE call
-replayed on new inputs and routing."""
+"""CUDA-graph capture for the GPU tests: warm up on a side stream, capture one call, hand back the graph; a linear
+call replayed on new activations, an MoE call on new inputs and routing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ def capture(fn):
             out = fn()
     torch.cuda.current_stream().wait_stream(stream)
     return graph, out
+
+
+def check_linear_replays_with_new_activations(run, x, bias=None, replays: int = 3) -> None:
+    """Capture run(x, bias) once, then replay it on new activations: every replay's output equals an eager call's on
+    the same inputs."""
+    graph, out = capture(lambda: run(x, bias))
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run(x, bias))
 
 
 def check_moe_replays_with_new_routing(run, x, weights, ids, experts: int, replays: int = 3) -> None:

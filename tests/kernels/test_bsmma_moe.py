@@ -16,6 +16,7 @@ repeats bit-identical, CUDA-graph replay with new routing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 
 import numpy as np
@@ -37,7 +38,8 @@ from b12x_kernels import interface
 
 pytest.importorskip("triton")
 
-from test_moe_tiles import ACTIVATIONS, alone, bf16_weights, prepared_on_cuda, problem, quantizer_flips  # noqa: E402
+from moe_against_reference import alone_and_reference, check_against_reference  # noqa: E402
+from test_moe_tiles import ACTIVATIONS, bf16_weights, problem, quantizer_flips  # noqa: E402
 
 CASES = [("NVFP4", "nvfp4"), ("MXFP4", "mxfp8")]
 CUDA = torch.device("cuda", 0)
@@ -205,25 +207,7 @@ def test_a_call_with_the_kernels_loads_matches_the_reference(rng, monkeypatch, f
 # ---------------------------------------------------------------------------------------------- GPU
 
 
-def _gpu_plan(rng, fmt, act, activation, order, t, experts=8, top_k=2, hidden=512, inter=192, ids=None):
-    """(this backend alone, the reference on the same weights, inputs); `ids`: routing forced instead of drawn."""
-    x, w13, w2, weights, drawn = problem(rng, fmt, act, activation, e=experts, h=hidden, inter=inter, t=t,
-                                         top_k=top_k)  # fmt: skip
-    kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=top_k, act_format=act)
-    mine = alone(prepared_on_cuda(w13, w2, **kw), w13, w2, backend=BlockScaledMmaMoE)
-    ref = bf16_weights(bc.prepare_moe(w13, w2, **kw))
-    return mine, ref, (x, weights, drawn if ids is None else ids)
-
-
-def _check(mine, ref, x, weights, ids):
-    t = x.shape[0]
-    row = mine.for_tokens(t)
-    xc, wc, ic = x.cuda(), weights.cuda(), ids.cuda()
-    workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
-    y = row.run(xc, wc, ic)
-    close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
-    workspace.poison(torch.device("cuda"))
-    assert torch.equal(row.run(xc, wc, ic), y)  # bit-identical repeats
+_gpu_plan = functools.partial(alone_and_reference, backend=BlockScaledMmaMoE)
 
 
 @pytest.mark.gpu
@@ -233,7 +217,7 @@ def _check(mine, ref, x, weights, ids):
 def test_gpu_bsmma_moe_matches_reference(rng, fmt, act, activation, order, t):
     experts = 32 if t >= 300 else 8  # 8 experts top-2 at T = 1: six without tokens
     mine, ref, inputs = _gpu_plan(rng, fmt, act, activation, order, t, experts=experts)
-    _check(mine, ref, *inputs)
+    check_against_reference(mine, ref, *inputs)
 
 
 @pytest.mark.gpu
@@ -241,14 +225,14 @@ def test_gpu_bsmma_moe_matches_reference(rng, fmt, act, activation, order, t):
 @pytest.mark.parametrize("fmt,act", CASES, ids=str)
 def test_gpu_bsmma_moe_fast(rng, fmt, act):
     mine, ref, inputs = _gpu_plan(rng, fmt, act, "silu", "gate_up", 7)
-    _check(mine, ref, *inputs)
+    check_against_reference(mine, ref, *inputs)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act", CASES, ids=str)
 def test_gpu_bsmma_moe_at_4096_tokens(rng, fmt, act):
     mine, ref, inputs = _gpu_plan(rng, fmt, act, "silu", "gate_up", 4096, experts=4, hidden=256, inter=128)
-    _check(mine, ref, *inputs)
+    check_against_reference(mine, ref, *inputs)
 
 
 @pytest.mark.gpu
@@ -259,7 +243,7 @@ def test_gpu_bsmma_moe_with_most_experts_idle(rng, fmt, act):
     ids = torch.from_numpy(rng.choice([3, 12], (300, 2))).to(torch.int32)
     ids[:, 1] = 15 - ids[:, 0]  # a token's two slots on different experts
     mine, ref, (x, weights, ids) = _gpu_plan(rng, fmt, act, "silu", "gate_up", 300, experts=16, ids=ids)
-    _check(mine, ref, x, weights, ids)
+    check_against_reference(mine, ref, x, weights, ids)
 
 
 @pytest.mark.gpu

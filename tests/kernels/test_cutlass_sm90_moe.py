@@ -14,6 +14,7 @@ repeats bit-identical, and CUDA graph replay with new routing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 
 import numpy as np
@@ -32,7 +33,8 @@ from b12x_kernels import interface
 
 pytest.importorskip("triton")
 
-from test_moe_tiles import ACTIVATIONS, H200, alone, bf16_weights, prepared_on_cuda, problem, quantizer_flips  # noqa: E402
+from moe_against_reference import alone_and_reference, check_against_reference  # noqa: E402
+from test_moe_tiles import ACTIVATIONS, H200, bf16_weights, problem, quantizer_flips  # noqa: E402
 
 CUDA_H200 = dataclasses.replace(H200, device=torch.device("cuda"))
 CASES = [(fmt, act) for fmt in interface.SM90_MOE.formats for act in bf.spec(fmt).moe_activations]
@@ -223,24 +225,7 @@ def test_a_call_with_a_model_of_the_gemm_matches_the_reference(rng, monkeypatch,
 # ---------------------------------------------------------------------------------------------- GPU
 
 
-def _gpu_plan(rng, fmt, act, activation, order, t, experts=8, top_k=2, ids=None):
-    """(the CUTLASS MoE alone, the reference on the same weights, inputs); `ids`: routing forced instead of drawn."""
-    x, w13, w2, weights, drawn = problem(rng, fmt, act, activation, e=experts, h=512, inter=192, t=t, top_k=top_k)
-    kw = dict(activation=activation, w13_order=order, max_tokens=t, top_k=top_k, act_format=act)
-    mine = alone(prepared_on_cuda(w13, w2, **kw), w13, w2, backend=CutlassSm90MoE)
-    ref = bf16_weights(bc.prepare_moe(w13, w2, **kw))
-    return mine, ref, (x, weights, drawn if ids is None else ids)
-
-
-def _check(mine, ref, x, weights, ids):
-    t = x.shape[0]
-    row = mine.for_tokens(t)
-    xc, wc, ic = x.cuda(), weights.cuda(), ids.cuda()
-    workspace.poison(torch.device("cuda"))  # every temporary the kernels read, they must have written first
-    y = row.run(xc, wc, ic)
-    close(y.cpu(), ref(x, weights, ids), slack=quantizer_flips(x, weights, ids, ref))
-    workspace.poison(torch.device("cuda"))
-    assert torch.equal(row.run(xc, wc, ic), y)  # deterministic
+_gpu_plan = functools.partial(alone_and_reference, backend=CutlassSm90MoE)
 
 
 @pytest.mark.gpu
@@ -250,7 +235,7 @@ def _check(mine, ref, x, weights, ids):
 def test_gpu_cutlass_moe_matches_reference(rng, hopper, fmt, act, activation, order, t):
     experts = 32 if t >= 300 else 8  # 8 experts top-2 at T = 1: six without tokens
     mine, ref, inputs = _gpu_plan(rng, fmt, act, activation, order, t, experts=experts)
-    _check(mine, ref, *inputs)
+    check_against_reference(mine, ref, *inputs)
 
 
 @pytest.mark.gpu
@@ -260,7 +245,7 @@ def test_gpu_cutlass_moe_with_most_experts_idle(rng, hopper, fmt, act):
     the last partial)."""
     ids = torch.from_numpy(rng.choice([3, 12], (300, 2))).to(torch.int32)
     mine, ref, (x, weights, ids) = _gpu_plan(rng, fmt, act, "silu", "gate_up", 300, experts=16, ids=ids)
-    _check(mine, ref, x, weights, ids)
+    check_against_reference(mine, ref, x, weights, ids)
 
 
 @pytest.mark.gpu
