@@ -24,6 +24,10 @@ cuobjdump --list-elf "$so"
 workers=()
 if python3 -c "import xdist" 2>/dev/null; then
   workers=(-n "${B12X_GPU_WORKERS:-12}")  # tests, not files, go to workers: four files hold 90% of them
+  # Each worker's CPU side (references, quantizers, float64 oracles) on its share of the cores: torch's default, a
+  # thread a core in every worker, runs twelve times as many threads as cores, and the references slow down with it.
+  share=$(( $(nproc) / ${B12X_GPU_WORKERS:-12} ))
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( share > 0 ? share : 1 ))}"
 fi
 # Test paths among the arguments (not an option's value: --deselect tests/x.py::t stays an option) replace the
 # default set (tests/kernels tests/core); tests/conftest.py starts the
