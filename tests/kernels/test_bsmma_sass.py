@@ -19,24 +19,34 @@ KERNEL = re.compile(r"bsmma_gemm_kernelIN(?:S_5bsmma\d+|S0_\d+)(\w+?)ELi(\d)E")
 
 
 def _functions(listing: str):
-    """(arch, function name, its lines) of a cuobjdump -sass listing."""
-    arch, name, body = "", "", []
+    """(arch, function name, its lines) of a cuobjdump -sass listing. A function ends at the next function or at the
+    next cubin's header, and belongs to the architecture its own cubin's header named."""
+    arch, name, name_arch, body = "", "", "", []
     for line in listing.splitlines():
+        starts = line.strip().startswith("Function : ")
+        if name and (starts or line.startswith("arch = ")):
+            yield name_arch, name, body
+            name = ""
         if line.startswith("arch = "):
             arch = line.split()[-1]
-        elif line.strip().startswith("Function : "):
-            if name:
-                yield arch, name, body
-            name, body = line.split(":", 1)[1].strip(), []
-        else:
+        elif starts:
+            name, name_arch, body = line.split(":", 1)[1].strip(), arch, []
+        elif name:
             body.append(line)
     if name:
-        yield arch, name, body
+        yield name_arch, name, body
+
+
+def _bsmma_sass() -> str:
+    """cuobjdump -sass of the bsmma_gemm kernels alone, every target (the whole fat binary takes over a minute)."""
+    names = sorted(set(re.findall(r"_ZN\w*bsmma_gemm_kernel\w*", cuobjdump("-ltext"))))
+    assert names, "no bsmma_gemm_kernel in the fat binary's text sections"
+    return cuobjdump("-sass", "-fun", ",".join(names))
 
 
 def test_every_sm12x_bsmma_kernel_issues_the_block_scaled_mma():
     seen = set()
-    for arch, name, body in _functions(cuobjdump("-sass")):
+    for arch, name, body in _functions(_bsmma_sass()):
         found = KERNEL.search(name)
         if not found or arch not in ("sm_120a", "sm_121a"):
             continue
