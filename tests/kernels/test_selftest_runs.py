@@ -44,7 +44,10 @@ def small_moe(monkeypatch):
 def test_interpreted_linear_checks_pass(rng, check):
     result = selftest_run.run(check, CPU, rng)
     assert (result.status, result.detail) == ("pass", ""), result
-    assert 0 <= result.error < 1e-2
+    # the error is reported and small; the pass itself is closeness.py's rule. IQ2_XS × bf16 gave 0.0078 to 0.0113
+    # over 97 seeds (a bf16 ulp of the output, plus its weights' bf16 rounding), so 1e-2, the bound before, failed
+    # about one run in eight; 2^-5 is a safe margin above every seed seen.
+    assert 0 <= result.error < 2**-5
 
 
 @interpreted
