@@ -21,22 +21,13 @@ def _cuda_available() -> bool:
 # on average, the wgmma matrix up to a minute): run first, so that xdist, which hands tests out in collection order,
 # does not leave them for the end of a time-limited run while the short ones fill the tail.
 LONGEST_FIRST = ("test_moe_tiles.py", "test_mma_moe.py", "test_wgmma_gemm.py", "test_mma_gemm.py", "test_tiles.py")
-# The CPU suite's: the files that start vLLM engines and servers, or build wheels into a fresh venv (minutes each, at
-# the end of the collection order they left one worker busy for the last five minutes of CI's run).
-CPU_LONGEST_FIRST = ("test_e2e_cpu.py", "test_server.py", "test_wheels.py", "test_smollm2.py", "test_demo_serve.py",
-                     "test_server_errors.py", "test_demo.py", "test_reload.py")  # fmt: skip
-
-
-def _longest_first(items, names):
-    rank = {name: i for i, name in enumerate(names)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(names)))  # stable: the same order in every worker
 
 
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
-        _longest_first(items, LONGEST_FIRST)
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: same order in every worker
         return
-    _longest_first(items, CPU_LONGEST_FIRST)
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
