@@ -185,7 +185,7 @@ def vllm033(session: nox.Session) -> None:
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
     """GPU tests on a CUDA machine, in its own Python (tools/gpu_tests.sh, which runs without nox too):
-    `nox -s gpu -- --fast` the fast tier (every backend × format once, ≈3 minutes), `nox -s gpu` the full matrix."""
+    `nox -s gpu -- --fast` the fast tier (every backend × format once), `nox -s gpu` the full matrix."""
     session.run("bash", "tools/gpu_tests.sh", *session.posargs, external=True)
 
 

@@ -8,7 +8,10 @@ SM12x plans choose it for both modes at every M and it declines K off whole unit
 fused shards of different weight_scales, tokens 1, 7, 64, 300 and 4096, bias on and off, the output poisoned first,
 CUDA-graph replay and bit-identical repeats.
 
-    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_fp8.py -k "not 4096"
+    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_fp8.py
+
+in one process (no -n): under compute-sanitizer, eight xdist workers finished no test in 210 s, while one process
+runs all three test_bsmma_* files in about 25 s on an H100, 4096 tokens included.
 """
 
 from __future__ import annotations

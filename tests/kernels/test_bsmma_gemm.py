@@ -5,7 +5,10 @@ bf16 rounding. Fused shards of different per-tensor scales; tokens 1, 7, 64, 300
 output poisoned first; CUDA-graph replay; bit-identical repeats; the activation pass's bytes against its CPU form;
 the first-use probe agrees, and withdraws the backend where one scale is corrupted.
 
-    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_gemm.py -k "not 4096"
+    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_gemm.py
+
+in one process (no -n): under compute-sanitizer, eight xdist workers finished no test in 210 s, while one process
+runs all three test_bsmma_* files in about 25 s on an H100, 4096 tokens included.
 """
 
 from __future__ import annotations

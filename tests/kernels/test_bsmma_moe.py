@@ -10,7 +10,10 @@ build computes the instruction's exact model): the kernels against the reference
 orders) and ReLU², T ∈ {1, 7, 64, 300} and 4096 with small E / H / I, most experts idle, scratch poisoned first,
 repeats bit-identical, CUDA-graph replay with new routing.
 
-    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_moe.py -k "not 4096"
+    compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_moe.py
+
+in one process (no -n): under compute-sanitizer, eight xdist workers finished no test in 210 s, while one process
+runs all three test_bsmma_* files in about 25 s on an H100, 4096 tokens included.
 """
 
 from __future__ import annotations
