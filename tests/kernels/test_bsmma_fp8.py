@@ -10,8 +10,7 @@ CUDA-graph replay and bit-identical repeats.
 
     compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_fp8.py
 
-in one process (no -n): under compute-sanitizer, eight xdist workers finished no test in 210 s, while one process
-runs all three test_bsmma_* files in about 25 s on an H100, 4096 tokens included.
+in one process, as README's `nox -s gpu` row says (xdist's workers stall under the sanitizer).
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ the first-use probe agrees, and withdraws the backend where one scale is corrupt
 
     compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/kernels/test_bsmma_gemm.py
 
-in one process (no -n): under compute-sanitizer, eight xdist workers finished no test in 210 s, while one process
-runs all three test_bsmma_* files in about 25 s on an H100, 4096 tokens included.
+in one process, as README's `nox -s gpu` row says (xdist's workers stall under the sanitizer).
 """
 
 from __future__ import annotations
