@@ -34,7 +34,7 @@ from b12x_core.tensor_core import configure, gemm, geometry, wgmma
 LLAMA8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 FORMATS = "NVFP4,FP8"
 MS = "1,16,32,64,128,256,512,1024,4096"
-# layout._decode_range for random_shard's scales (NVFP4: E4M3 ≤ 1.875; MXFP8 / MXFP4: E8M0 ≤ 2^8;
+# layout.decode_range for random_shard's scales (NVFP4: E4M3 ≤ 1.875; MXFP8 / MXFP4: E8M0 ≤ 2^8;
 # Q8_0 decodes exactly)
 SCALE_MUL = {"FP8": 2.0**120, "FP8_BLOCK": 2.0**120, "MXFP8": 2.0**110, "MXFP4": 2.0**115, "NVFP4": 2.0**123,
              "Q8_0": 1.0, "IQ2_XS": 1.0, "IQ2_XXS": 1.0}  # fmt: skip

@@ -240,3 +240,20 @@ def test_scaled_mm_scales_summary_sums_the_layer_per_variant(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.splitlines()[-1]
     assert last.startswith("64") and last.count("(2.50×)") == len(VARIANTS) - 1 and "(1.00×)" in last
+
+
+def test_fragment_splits_summary_sums_the_layer_per_split_and_at_the_rules(tmp_path):
+    """benchmarks/fragment_splits.py --from-json: the layer's time at each split (a linear past its largest split at
+    that one), at each linear's fastest split and at the rule's, against bf16."""
+    rows = [dict(linear=lin, format="bf16", m=1, splits=0, rule=0, us=10.0) for lin in ("o", "qkv")]
+    rows += [dict(linear="o", format="NVFP4", m=1, splits=s, rule=2, us=us) for s, us in ((1, 6.0), (2, 4.0), (4, 5.0))]
+    rows += [dict(linear="qkv", format="NVFP4", m=1, splits=s, rule=1, us=us) for s, us in ((1, 3.0), (2, 3.5))]
+    saved = tmp_path / "splits.json"
+    saved.write_text(json.dumps(dict(device="GPU", model="8b", ms=[1], rows=rows)))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/fragment_splits.py"), "--from-json", str(saved)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if "M=1" in line)
+    # splits 1: 6 + 3; 2: 4 + 3.5; 4: 5 + 3.5 (qkv at its largest, 2); 8 as 4; best 4 + 3; rule 4 + 3
+    assert "1:    9.0  2:    7.5  4:    8.5  8:    8.5" in line, line
+    assert "best     7.0 (2.86×)" in line and "rule     7.0 (2.86×)" in line, line

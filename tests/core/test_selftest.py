@@ -81,7 +81,7 @@ def test_checks_cover_every_backend_on_every_pair_it_serves(device):
 def test_checks_on_an_rtx_5090_skip_the_hopper_backends_for_the_gpu_not_the_format():
     skipped = {c.backend: c.skip for c in checklist.checks(RTX_5090) if c.skip}
     assert set(skipped) == {"block_scaled_mm", "tensor_core_wgmma", "cutlass_sm90", "cutlass_sm90_checkpoint",
-                            "tensor_core_moe_wgmma", "cutlass_sm90_moe"}  # fmt: skip
+                            "fragment_mma", "tensor_core_moe_wgmma", "cutlass_sm90_moe"}  # fmt: skip
     assert all("sm_90" in why or "9.0" in why for why in skipped.values()), skipped
     ran = {(c.backend, c.format, c.mode) for c in checklist.checks(RTX_5090) if not c.skip}
     assert {("tensor_core", "NVFP4", "nvfp4"), ("triton_moe", "MXFP4", "mxfp8"), ("scaled_mm", "FP8", "fp8_token"),

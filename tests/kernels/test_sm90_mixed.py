@@ -23,7 +23,8 @@ import b12x_core as bc
 import b12x_formats as bf
 from b12x_core import kernels, workspace
 from b12x_core.backends import DeviceInfo, Query
-from b12x_core.backends.cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint, q8_0_split, tile_scales
+from b12x_core.backends.cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
+from b12x_core.backends.sm90_layout import q8_0_split, tile_scales
 from b12x_core.weights import as_shards, dequantize_rows
 from b12x_formats.quantized import codec_for
 from b12x_kernels import interface

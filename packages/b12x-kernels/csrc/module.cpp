@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fragment_mma.h"
 #include "kernels.h"
 #include "sm90_mixed.h"
 #include "sm90_moe.h"
@@ -358,6 +359,35 @@ PYBIND11_MODULE(_C, m) {
       py::arg("weight"), py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("w"), py::arg("scales"), py::arg("x"),
       py::arg("y"), py::arg("y_float"), py::arg("offsets"), py::arg("sms"), py::arg("workspace"), py::arg("workspace_bytes"),
       py::arg("stream"));
+
+  // The decode-sized GEMM on the CUTLASS family's weight layout (csrc/fragment_mma.h; every arch).
+  m.def(
+      "fragment_mma_gemm",
+      [](int weight, int m_, int n, int k, std::uintptr_t w, std::uintptr_t scales, std::uintptr_t x, std::uintptr_t y,
+         std::uintptr_t alpha, std::uintptr_t bias, float scale_mul, float alpha_shift, int tokens, int splits,
+         std::uintptr_t partials, size_t partial_floats, std::uintptr_t tickets, int ticket_count,
+         std::uintptr_t stream) {
+        b12x::fragment::FragmentArgs a;
+        a.weight = weight, a.m = m_, a.n = n, a.k = k, a.tokens = tokens, a.splits = splits;
+        a.w = ptr<const void>(w), a.scales = ptr<const void>(scales), a.x = ptr<const void>(x), a.y = ptr<void>(y);
+        a.alpha = ptr<const float>(alpha), a.bias = ptr<const void>(bias);
+        a.scale_mul = scale_mul, a.alpha_shift = alpha_shift;
+        a.partials = ptr<float>(partials), a.tickets = ptr<int>(tickets);
+        if (const char* error = b12x::fragment::fragment_args_error(a))
+          throw std::invalid_argument(std::string("fragment_mma_gemm: ") + error);
+        if (partial_floats < b12x::fragment::fragment_partial_floats(m_, n, splits, tokens) ||
+            ticket_count < b12x::fragment::fragment_tickets(m_, n, splits, tokens))
+          throw std::invalid_argument("fragment_mma_gemm: fewer partials or tickets than the split needs");
+        check(b12x::fragment::fragment_gemm(a, stream_of(stream)), "fragment_mma_gemm launch");
+      },
+      py::arg("weight"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("w"), py::arg("scales"), py::arg("x"),
+      py::arg("y"), py::arg("alpha"), py::arg("bias"), py::arg("scale_mul"), py::arg("alpha_shift"), py::arg("tokens"),
+      py::arg("splits"), py::arg("partials"), py::arg("partial_floats"), py::arg("tickets"), py::arg("ticket_count"),
+      py::arg("stream"));
+  m.def("fragment_mma_partial_floats", &b12x::fragment::fragment_partial_floats, py::arg("m"), py::arg("n"),
+        py::arg("splits"), py::arg("tokens"));
+  m.def("fragment_mma_tickets", &b12x::fragment::fragment_tickets, py::arg("m"), py::arg("n"), py::arg("splits"),
+        py::arg("tokens"));
 
   m.def(
       "embedding_q8_0",

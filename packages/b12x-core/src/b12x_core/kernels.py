@@ -19,7 +19,8 @@ import b12x_kernels
 from b12x_kernels import block_scaled_mma, interface
 
 __all__ = ["TRITON_MODULES", "block_scaled_mma", "bsmma_gemm", "bsmma_mma", "bsmma_quantize", "built",
-           "compiled_archs", "embedding_q8_0", "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm",
+           "compiled_archs", "embedding_q8_0", "fragment_mma_gemm", "fragment_mma_partial_floats",
+           "fragment_mma_tickets", "gemv_elem", "gemv_ggml", "interface", "mma_blocks_per_sm",
            "mma_dequantize", "mma_gemm", "mma_smem_bytes", "not_built_reason", "sm90_mixed_built", "sm90_mixed_gemm",
            "sm90_mixed_reorder", "sm90_mixed_workspace_bytes", "sm90_moe_gemm", "sm90_moe_workspace_bytes",
            "unavailable_reason", "wgmma_blocks_per_sm", "wgmma_gemm"]  # fmt: skip
@@ -107,6 +108,18 @@ def sm90_moe_gemm(*args, **kwargs) -> None:
 
 def sm90_moe_workspace_bytes(*args, **kwargs) -> int:
     return b12x_kernels.sm90_moe_workspace_bytes(*args, **kwargs)
+
+
+def fragment_mma_gemm(*args, **kwargs) -> None:
+    b12x_kernels.fragment_mma_gemm(*args, **kwargs)
+
+
+def fragment_mma_partial_floats(m: int, n: int, splits: int, tokens: int) -> int:
+    return b12x_kernels.fragment_mma_partial_floats(m, n, splits, tokens)
+
+
+def fragment_mma_tickets(m: int, n: int, splits: int, tokens: int) -> int:
+    return b12x_kernels.fragment_mma_tickets(m, n, splits, tokens)
 
 
 def sm90_mixed_built() -> bool:

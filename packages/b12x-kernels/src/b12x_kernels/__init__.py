@@ -123,4 +123,7 @@ sm90_mixed_workspace_bytes = _C.sm90_mixed_workspace_bytes if _C else _needs_bui
 sm90_mixed_reorder = _C.sm90_mixed_reorder if _C else _needs_build("sm90_mixed_reorder")
 sm90_mixed_built = _C.sm90_mixed_built if _C else (lambda: False)
 sm90_moe_gemm = _C.sm90_moe_gemm if _C else _needs_build("sm90_moe_gemm")
+fragment_mma_gemm = _C.fragment_mma_gemm if _C else _needs_build("fragment_mma_gemm")
+fragment_mma_partial_floats = _C.fragment_mma_partial_floats if _C else _needs_build("fragment_mma_partial_floats")
+fragment_mma_tickets = _C.fragment_mma_tickets if _C else _needs_build("fragment_mma_tickets")
 sm90_moe_workspace_bytes = _C.sm90_moe_workspace_bytes if _C else _needs_build("sm90_moe_workspace_bytes")

@@ -240,6 +240,12 @@ MOE_TILES = Family(name="moe_tiles", args=None, formats=tuple(FORMAT_IDS), act_m
 SM90_MIXED = Family(name="sm90_mixed_gemm", args=None, formats=("FP8", "NVFP4", "MXFP4", "MXFP8", "Q8_0"),
                     act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"), token_tiles=(16, 64, 128, 256))  # fmt: skip
 SM90_MIXED_WEIGHTS = {"FP8": 0, "NVFP4": 1, "MXFP4": 2, "MXFP8": 3, "Q8_0": 4}  # csrc/sm90_mixed.h MixedWeight
+# The decode-sized GEMM on that family's reordered weight layout (csrc/fragment_mma.h: mma.sync with each lane's A
+# fragment one 32-bit word of the layout), so a plan holding that layout has a kernel for few tokens too. Every arch
+# compiles it, but only an sm_90 build makes its layout (sm90_mixed_reorder). token_tiles: tokens a CTA multiplies a
+# pass (csrc/fragment_mma.h kFragmentTokenTiles). Weight kinds are SM90_MIXED_WEIGHTS' ids.
+FRAGMENT_MMA = Family(name="fragment_mma_gemm", args=None, formats=("NVFP4", "MXFP4"),
+                      act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"), token_tiles=(4, 8, 16, 32))  # fmt: skip
 # The kinds with a kernel for the checkpoint's own layout too (the others read the reordered layout only): FP8, whose
 # checkpoint copy the plans hold; the 4-bit kinds' were slower than their reordered form everywhere the H100 tables
 # measured, beside a plan that holds the mma layout for them (docs/architecture.md)
@@ -278,7 +284,7 @@ BSMMA = BsmmaFamily(
 )  # fmt: skip
 # The kind of the plain E4M3 mma.sync m16n8k32 (FP8 × fp8: no block scales), beside bsmma::Kind's block-scaled ones.
 BSMMA_KIND_FP8 = 16
-FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, SM90_MOE, BSMMA)
+FAMILIES = (GEMV_GGML, GEMV_ELEM, MMA, LINEAR_TILES, MOE_TILES, SM90_MIXED, FRAGMENT_MMA, SM90_MOE, BSMMA)
 
 
 def pack(block: type[ctypes.Structure], **fields) -> bytes:

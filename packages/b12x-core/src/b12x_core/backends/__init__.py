@@ -11,6 +11,7 @@ from .cuda_gemv import CudaGemv
 from .cutlass_sm90 import CutlassSm90, CutlassSm90Checkpoint
 from .cutlass_sm90_moe import CutlassSm90MoE
 from .embedding import CudaEmbeddingQ8_0
+from .fragment_mma import FragmentMma
 from .reference import ReferenceEmbedding, ReferenceLinear, ReferenceMoE
 from .tensor_core import TensorCoreGemm
 from .tensor_core_moe import TensorCoreMoE, TensorCoreMoEWgmma
@@ -31,6 +32,7 @@ REGISTRY: tuple[type[Backend], ...] = (
     TensorCoreWgmma,  # after the others: chosen only where measurements (timings.json) say it is faster
     CutlassSm90,  # likewise
     CutlassSm90Checkpoint,  # likewise
+    FragmentMma,  # likewise: the few-token calls on CutlassSm90's copy
     # SM12x only, like BlockScaledMma: the MoE pairs with a block-scaled mode (NVFP4 × nvfp4, MXFP4 × mxfp8)
     BlockScaledMmaMoE,
     # First where nothing is measured (an SM12x GPU, whose mma.sync kernels are the ones measured on SM90 as their

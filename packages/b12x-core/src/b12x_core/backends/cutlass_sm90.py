@@ -14,18 +14,15 @@ plan picks them only where a measured table says they are faster.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .. import kernels, workspace
 from ..kernels import interface
-from ..weights import stack
 from . import operands
 from .base import Backend, config_ranges, cuda_reason, sm90_mixed_reason
+from .sm90_layout import TILE_K, checkpoint_weight, reordered_weight
 
 FAMILY = interface.SM90_MIXED
-TILE_K = interface.SM90_MIXED_TILE_K
 # The scheduler's split (interface.SM90_MIXED_DECOMPOSITIONS), a plan row's config: CUTLASS's heuristic chooses
 # data-parallel or stream-K per shape and SM count.
 DECOMPOSITION = "heuristic"
@@ -48,59 +45,6 @@ def token_tile(fmt: str, m: int) -> int:
 
 def _decomposition(config) -> int:
     return interface.SM90_MIXED_DECOMPOSITIONS.index(config["decomposition"])
-
-
-@dataclass
-class Sm90Weight:
-    """What sm90_mixed_gemm reads of one prepared linear."""
-
-    codes: torch.Tensor  # uint8: the codes, reordered (sm90_mixed_reorder) or the checkpoint's K-major rows
-    reordered: bool
-    scales: torch.Tensor | None  # [K/64, N, 64/group]: each row's block scales over each k-tile (uint8; Q8_0 float16)
-    row_factor: torch.Tensor  # float32 [N]: the per-tensor factors (and a left-out activation scale)
-
-
-def tile_scales(block_scales: torch.Tensor, k: int) -> torch.Tensor:
-    """Block scales [N, K/group] (row-major as checkpoints hold them; one byte each, Q8_0's d's two) -> [K/64, N,
-    64/group]: one carrier of a row's scales per k-tile, N fastest, as the kernel's TMA reads them."""
-    n, groups = block_scales.shape
-    per_tile = groups * TILE_K // k
-    return block_scales.reshape(n, k // TILE_K, per_tile).permute(1, 0, 2).contiguous()
-
-
-def q8_0_split(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """GGML Q8_0 blocks (uint8 [N, K/32, 34]: fp16 d, then 32 int8 q) -> (the q's as uint8 [N, K] bytes, the d's as
-    float16 [N, K/32]): the codes the kernel reorders and the block scales its carrier holds."""
-    if blocks.dtype != torch.uint8 or blocks.numel() != n * (k // 32) * 34 or k % 32:
-        raise ValueError(f"Q8_0 blocks: expected uint8 with N x K/32 x 34 = {n} x {k // 32} x 34 bytes, got "
-                         f"{blocks.dtype} {list(blocks.shape)}")  # fmt: skip
-    blocks = blocks.reshape(n, k // 32, 34)
-    deltas = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // 32)
-    return blocks[..., 2:].contiguous().reshape(n, k), deltas
-
-
-def reordered_weight(query, weights) -> Sm90Weight:
-    """The "sm90" layout from the checkpoint shards (stacked on the device for the reorder, then dropped)."""
-    q = query
-    stacked = stack(weights.shards, weights.act_mode, weights.input_scale, q.device.device)
-    if q.format == "Q8_0":
-        src, deltas = q8_0_split(stacked.weight, q.n, q.k)
-        scales = tile_scales(deltas, q.k)
-    else:
-        src = stacked.weight.view(torch.uint8)
-        scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), q.k)
-    codes = torch.empty_like(src)
-    stream = torch.cuda.current_stream(q.device.device).cuda_stream
-    kernels.sm90_mixed_reorder(interface.SM90_MIXED_WEIGHTS[q.format], src.data_ptr(), codes.data_ptr(), q.n, q.k,
-                               stream)  # fmt: skip
-    return Sm90Weight(codes, True, scales, stacked.col_scale.contiguous())
-
-
-def checkpoint_weight(query, weights) -> Sm90Weight:
-    """The checkpoint layout's codes (shared with the other backends that read it) and the tile-layout scales."""
-    stacked = weights.stacked
-    scales = None if stacked.scales is None else tile_scales(stacked.scales.view(torch.uint8), query.k)
-    return Sm90Weight(stacked.weight.view(torch.uint8), False, scales, stacked.col_scale.contiguous())
 
 
 class CutlassSm90(Backend):

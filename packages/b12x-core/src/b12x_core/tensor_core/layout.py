@@ -41,7 +41,7 @@ class MmaWeight:
     meta: np.ndarray | None  # uint8 row-blocked scales
     meta2: np.ndarray | None  # IQ2_XS: sub-block scales, row-blocked
     block_scale: np.ndarray | None  # FP8_BLOCK: float32 [ceil(N/128), ceil(K/128)]
-    alpha: float  # factor of the result: the per-tensor scale, times 1/scale_mul's share (see _decode_range)
+    alpha: float  # factor of the result: the per-tensor scale, times 1/scale_mul's share (see decode_range)
     scale_mul: float = 1.0  # power of two the kernel multiplies block scales by (bit-pattern decodes)
     exact_down_to: float = 0.0  # the smallest scale_mul under which every decoded product stays exact (share_scale_mul)
 
@@ -172,7 +172,7 @@ def pack(qw: bf.QuantizedWeight) -> MmaWeight:
             alpha = _per_tensor(t, "weight_scale")
         elif "NVFP4" in spec.name:
             alpha = _per_tensor(t, "weight_scale_2")
-    scale_mul, alpha_shift = _decode_range(spec.name, t)
+    scale_mul, alpha_shift = decode_range(spec.name, t)
     return MmaWeight(spec.name, n, k, chunks, _tiles(codes, chunks), meta, meta2, block_scale, alpha * alpha_shift,
                      scale_mul, _exact_down_to(spec.name, t))  # fmt: skip
 
@@ -184,7 +184,10 @@ def pack(qw: bf.QuantizedWeight) -> MmaWeight:
 _BIT_PATTERN_BIAS = {"FP8": 120, "FP8_BLOCK": 120, "MXFP8": 120, "MXFP4": 126, "NVFP4": 126, "W4A16_NVFP4": 126}
 
 
-def _decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
+def decode_range(fmt: str, tensors: dict) -> tuple[float, float]:
+    """(scale_mul, alpha_shift = 2^e) for a weight whose block scales are tensors["weight_scale"] (the checkpoint's
+    bytes, any shape): the rule above, which the Hopper CUTLASS layout's decode-sized GEMM (backends.fragment_mma)
+    shares."""
     bias = _BIT_PATTERN_BIAS.get(fmt)
     if bias is None:
         return 1.0, 1.0
@@ -210,7 +213,7 @@ def _exact_down_to(fmt: str, tensors: dict) -> float:
     the multiplier. Formats without a block-scale range (scale_mul fixed by the format): their own scale_mul."""
     smallest = _SMALLEST_CODE.get(fmt)
     if smallest is None:
-        return _decode_range(fmt, tensors)[0]
+        return decode_range(fmt, tensors)[0]
     codes = np.ascontiguousarray(tensors["weight_scale"]).view(np.uint8)
     if bf.spec(fmt).block_scale_code == "e8m0":
         least = 2.0 ** (int(codes.min()) - 127)
