@@ -19,8 +19,8 @@ import torch
 from .. import kernels, workspace
 from ..kernels import interface
 from . import operands
-from .base import Backend, config_ranges, cuda_reason, sm90_mixed_reason
-from .sm90_layout import TILE_K, checkpoint_weight, reordered_weight
+from .base import Backend, config_ranges
+from .sm90_layout import checkpoint_weight, reader_reason, reordered_weight
 
 FAMILY = interface.SM90_MIXED
 # The scheduler's split (interface.SM90_MIXED_DECOMPOSITIONS), a plan row's config: CUTLASS's heuristic chooses
@@ -56,14 +56,7 @@ class CutlassSm90(Backend):
     def can_implement(cls, q):
         if q.format not in FAMILY.formats:
             return False, f"converts {', '.join(FAMILY.formats)}, not {q.format}"
-        if q.act_mode not in FAMILY.act_modes:
-            return False, f"needs bf16-exact activations ({', '.join(FAMILY.act_modes)}), not {q.act_mode}"
-        if q.n % TILE_K or q.k % TILE_K:
-            return False, f"needs N and K multiples of {TILE_K}, got N={q.n}, K={q.k}"
-        why = cuda_reason(q, triton=q.act_mode != "bf16")
-        if why:
-            return False, why
-        why = sm90_mixed_reason(q)
+        why = reader_reason(q, FAMILY)
         if why:
             return False, why
         return True, "CUTLASS SM90 mixed-input GEMM (TMA, warp-specialized wgmma, stream-K; weight in registers)"

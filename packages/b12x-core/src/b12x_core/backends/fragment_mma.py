@@ -22,8 +22,8 @@ from .. import kernels, workspace
 from ..kernels import interface
 from ..tensor_core import layout as mma_layout
 from . import operands
-from .base import Backend, config_ranges, cuda_reason, sm90_mixed_reason
-from .sm90_layout import TILE_K, reordered_weight
+from .base import Backend, config_ranges
+from .sm90_layout import TILE_K, reader_reason, reordered_weight
 
 FAMILY = interface.FRAGMENT_MMA
 GEMV_TOKENS = 4  # the first token tile: 16-row CTAs whose warps split K (csrc fragment_gemv_kernel)
@@ -67,16 +67,9 @@ class FragmentMma(Backend):
     def can_implement(cls, q):
         if q.format not in FAMILY.formats:
             return False, f"decodes {', '.join(FAMILY.formats)}, not {q.format}"
-        if q.act_mode not in FAMILY.act_modes:
-            return False, f"needs bf16-exact activations ({', '.join(FAMILY.act_modes)}), not {q.act_mode}"
-        if q.n % TILE_K or q.k % TILE_K:
-            return False, f"needs N and K multiples of {TILE_K}, got N={q.n}, K={q.k}"
-        why = cuda_reason(q, triton=q.act_mode != "bf16")
+        why = reader_reason(q, FAMILY)
         if why:
             return False, why
-        why = sm90_mixed_reason(q)
-        if why:
-            return False, f"reads the CUTLASS SM90 layout, made by its sm_90a reorder: {why}"
         return True, "mma.sync GEMM on the CUTLASS SM90 layout (each lane's fragment one word; split K)"
 
     def __init__(self, query, weights):

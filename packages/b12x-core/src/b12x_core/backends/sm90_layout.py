@@ -11,8 +11,20 @@ import torch
 from .. import kernels
 from ..kernels import interface
 from ..weights import stack
+from .base import cuda_reason, sm90_mixed_reason
 
 TILE_K = interface.SM90_MIXED_TILE_K
+
+
+def reader_reason(q, family: interface.Family) -> str:
+    """Why a backend of `family` that reads these copies cannot take the query beyond its formats ("" when it can):
+    the bf16-exact activation modes, N and K in whole k-tiles, a CUDA device where the sm_90a kernels (the reorder
+    among them) run."""
+    if q.act_mode not in family.act_modes:
+        return f"needs bf16-exact activations ({', '.join(family.act_modes)}), not {q.act_mode}"
+    if q.n % TILE_K or q.k % TILE_K:
+        return f"needs N and K multiples of {TILE_K}, got N={q.n}, K={q.k}"
+    return cuda_reason(q, triton=q.act_mode != "bf16") or sm90_mixed_reason(q)
 
 
 @dataclass
