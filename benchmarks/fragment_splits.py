@@ -86,7 +86,8 @@ def summary(out: dict) -> list[str]:
                 per_split[s] = sum(min((r for r in mine if r["linear"] == lin and r["splits"] <= s),
                                        key=lambda r: -r["splits"])["us"] for lin in linears)  # fmt: skip
             best = sum(min(r["us"] for r in mine if r["linear"] == lin) for lin in linears)
-            rule = sum(next(r["us"] for r in mine if r["linear"] == lin and r["splits"] == r["rule"]) for lin in linears)
+            at_rule = [r for r in mine if r["splits"] == r["rule"]]
+            rule = sum(next(r["us"] for r in at_rule if r["linear"] == lin) for lin in linears)
             cells = "  ".join(f"{s}:{us:7.1f}" for s, us in per_split.items())
             lines.append(f"  M={m:<4} bf16 {bf16:7.1f}  {cells}  best {best:7.1f} ({bf16 / best:4.2f}×)  "
                          f"rule {rule:7.1f} ({bf16 / rule:4.2f}×)")  # fmt: skip

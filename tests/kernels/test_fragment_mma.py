@@ -87,7 +87,8 @@ def test_backend_takes_what_it_decodes_and_reads_the_cutlass_copy():
 def test_plan_rows_name_a_tile_and_a_split_the_kernel_has():
     q = _query(n=4096, k=4096)
     rows = FragmentMma.configs(q, 1, 64)
-    assert rows[0][0] == 1 and rows[-1][1] == 64 and {c["tokens"] for _, _, c in rows} == {4, 8, 16, 32} and all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:]))
+    assert rows[0][0] == 1 and rows[-1][1] == 64 and {c["tokens"] for _, _, c in rows} == {4, 8, 16, 32}
+    assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:], strict=False))  # consecutive ranges
     for lo, hi, c in rows:
         assert {token_tile(m) for m in (lo, hi)} == {c["tokens"]}
         assert {k_splits(q.n, q.k, m, q.device.sms) for m in (lo, hi)} == {c["splits"]}

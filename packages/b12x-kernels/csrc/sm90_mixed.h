@@ -25,7 +25,7 @@ enum class MixedWeight : int {
 };
 // Every kind has kernels for the reordered layout; E4M3 alone for the checkpoint's too (the plans hold FP8's
 // checkpoint copy; the 4-bit kinds' checkpoint kernels were slower than their reordered ones at every M and shape of the
-// H100 tables, and the plans hold the mma layout for them, so none picked those).
+// H100 tables, and an FP4 plan holds the mma layout or the reordered one, so none picked those).
 
 // How the persistent tile scheduler splits the work: a run-time choice of one compiled kernel.
 enum class Decomposition : int { DataParallel = 0, Heuristic = 1, StreamK = 2 };

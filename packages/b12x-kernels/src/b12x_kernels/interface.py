@@ -248,7 +248,7 @@ FRAGMENT_MMA = Family(name="fragment_mma_gemm", args=None, formats=("NVFP4", "MX
                       act_modes=("bf16", "mxfp8", "nvfp4", "fp8_static"), token_tiles=(4, 8, 16, 32))  # fmt: skip
 # The kinds with a kernel for the checkpoint's own layout too (the others read the reordered layout only): FP8, whose
 # checkpoint copy the plans hold; the 4-bit kinds' were slower than their reordered form everywhere the H100 tables
-# measured, beside a plan that holds the mma layout for them (docs/architecture.md)
+# measured, and an FP4 plan holds the mma layout or the reordered one (docs/architecture.md)
 SM90_MIXED_CHECKPOINT_FORMATS = ("FP8",)
 SM90_MIXED_DECOMPOSITIONS = ("data_parallel", "heuristic", "stream_k")  # csrc/sm90_mixed.h Decomposition
 SM90_MIXED_TILE_K = 64  # the k-tile: K and N must be multiples of it; one block-scale carrier a row and k-tile
