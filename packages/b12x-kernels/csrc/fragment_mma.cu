@@ -8,13 +8,15 @@
 //   with one coalesced 32-bit load a lane, with no shared memory and no reshuffle.
 // - 4-bit codes sit in the word in the order [0,2,4,6,1,3,5,7] of the fragment's values: shifting the word by 4i
 //   leaves A register i's two codes (values 2i, 2i + 1) in the low nibbles of its two halves.
-// - A CTA is 128 weight rows, a warp's 16 each, over a range of k-tiles (64 deep): K is split across CTAs
-//   (FragmentArgs::splits) until the grid fills the GPU. Each step covers kBatch k-tiles: every warp loads its words
-//   for the next step while the CTA's activations for this one arrive in shared memory (cp.async, one copy for the 8
-//   warps; read straight from global memory, 8 tokens' rows each lane load, they were bound by L1 wavefronts: 16
-//   tokens ran 1.6x slower than 8), then multiplies.
-// - Each split writes float32 partials, and the last CTA of a row block (an atomic ticket) sums them in split order,
-//   so results are the same bits every call.
+// - Two forms, by the tokens a pass (FragmentArgs::tokens). Up to kGemvTokens: a CTA is 16 weight rows whose eight
+//   warps split its k-tiles, activations straight from global memory (fragment_gemv_kernel). From 8: a CTA is 128
+//   rows, a warp's 16, over a range of k-tiles (64 deep), each step kBatch k-tiles: every warp loads its words for the
+//   next step while the CTA's activations for this one arrive in shared memory (cp.async, one copy for the 8 warps;
+//   read straight from global memory, 8 tokens' rows a warp-wide load, they were bound by L1 wavefronts: 16 tokens
+//   ran 1.6x slower than 8) (fragment_gemm_kernel).
+// - K is split across CTAs (FragmentArgs::splits) until the grid fills the GPU. Each split writes float32 partials,
+//   and the last CTA of a row group or block (an atomic ticket) sums them in split order, so results are the same bits
+//   every call.
 // - Block scales decode through a 256-entry table in shared memory: byte -> bf16x2 splat of value * scale_mul.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
