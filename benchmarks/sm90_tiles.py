@@ -5,9 +5,10 @@ linears, against bf16 `F.linear` in the same run. The rule it checks is `cutlass
     python benchmarks/sm90_tiles.py --out sm90_tiles.json
     python benchmarks/sm90_tiles.py --formats NVFP4 --forms cutlass_sm90 --ms 1,16,64 --model 70b
 
-Timing as benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays.
-A tile is timed only where it can pay (16 up to 128 tokens, 64 up to 512, 256 from 64). Prints, per format, form and
-M, the layer's µs for each tile, the fastest, the rule's choice and bf16; writes every per-linear time to --out.
+Timing as benchmarks/decode_linear.py: CUDA graphs over weight copies larger than L2 together, median of the replays. A
+tile is timed only where it can pay (16 up to 128 tokens, 64 up to 512, 256 from 64). Prints, per format, form and M,
+the layer's µs for each tile, the fastest, the rule's choice per linear and the layer at it, and bf16; writes every
+per-linear time to --out.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ TILE_REACH = {16: (1, 128), 64: (1, 512), 128: (1, 1 << 30), 256: (64, 1 << 30)}
 def measure(args) -> dict:
     device = torch.device("cuda")
     ms = [int(m) for m in args.ms.split(",")]
-    out = {**device_facts(device), "model": args.model, "ms": ms, "rows": []}
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = {**device_facts(device), "sms": sms, "model": args.model, "ms": ms, "rows": []}
     for name, (n, k) in MODELS[args.model].items():
         w16 = torch.randn(n, k, dtype=torch.bfloat16, device=device)
         copies16 = copies_for(w16.numel() * 2, device)
@@ -74,9 +76,12 @@ def measure(args) -> dict:
 def summary(out: dict) -> list[str]:
     """Per format, form and M: the layer's µs for each tile (the four linears summed), the fastest tile, the rule's."""
     layer: dict[tuple, float] = {}
+    per_linear: dict[str, dict[tuple, float]] = {}
     for r in out["rows"]:
         key = (r["format"], r["form"], r["m"], r["tokens"])
         layer[key] = layer.get(key, 0.0) + r["us"]
+        per_linear.setdefault(r["linear"], {})[key] = r["us"]
+    shapes, sms = MODELS[out["model"]], out.get("sms", 132)  # runs saved before "sms" was kept: an H100's
     lines = [f"{out['device']}, Llama-3.1-{out['model'].upper()} layer (4 linears), µs; × = bf16 / tile", ""]
     combos = sorted({(f, form) for f, form, _, _ in layer if f != "bf16"})
     for fmt, form in combos:
@@ -87,7 +92,11 @@ def summary(out: dict) -> list[str]:
             tiles = {key[3]: layer[key] for key in keys if key in layer}
             best = min(tiles, key=tiles.get)
             cells = "  ".join(f"{t}:{us:8.1f} ({bf16 / us:4.2f}×)" for t, us in tiles.items())
-            lines.append(f"  M={m:<5} bf16 {bf16:8.1f}  {cells}  best {best}, rule {token_tile(fmt, m)}")
+            # the rule's tile per linear (it depends on the shape), and the layer with each linear at it
+            picks = {lin: token_tile(fmt, m, n, k, sms) for lin, (n, k) in shapes.items() if lin in per_linear}
+            ruled = sum(per_linear[lin].get((fmt, form, m, t), float("nan")) for lin, t in picks.items())
+            rule = "/".join(str(t) for t in dict.fromkeys(picks.values()))
+            lines.append(f"  M={m:<5} bf16 {bf16:8.1f}  {cells}  best {best}, rule {rule} {ruled:8.1f}")
     return lines
 
 

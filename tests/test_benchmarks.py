@@ -208,7 +208,8 @@ def test_moe_profile_runs_each_case_and_names_its_plan_row():
 
 
 def test_sm90_tiles_summary_names_the_fastest_tile_and_the_rules(tmp_path):
-    """benchmarks/sm90_tiles.py --from-json: the layer's time per tile (linears summed), the fastest, the rule's."""
+    """benchmarks/sm90_tiles.py --from-json: the layer's time per tile (linears summed), the fastest, the rule's tile
+    per linear and the layer at it."""
     rows = [dict(linear=lin, format="bf16", form="F.linear", m=m, tokens=0, us=10.0) for lin in ("o", "qkv")
             for m in (1, 512)]  # fmt: skip
     rows += [dict(linear=lin, format="NVFP4", form="cutlass_sm90", m=m, tokens=t, us=us) for lin in ("o", "qkv")
@@ -219,8 +220,10 @@ def test_sm90_tiles_summary_names_the_fastest_tile_and_the_rules(tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if "M=" in line]
-    assert "16:     8.0 (2.50×)" in lines[0] and "best 16, rule 16" in lines[0]
-    assert "256:    18.0 (1.11×)" in lines[1] and "best 256, rule 256" in lines[1]
+    assert "16:     8.0 (2.50×)" in lines[0] and "best 16, rule 16      8.0" in lines[0]
+    # at 512 tokens the 8B o's 256-token tiles fill fewer than half of 132 SMs: it keeps 128 (12.0), qkv 256 (9.0);
+    # the rule's tiles in the linears' order of the model (qkv, o)
+    assert "256:    18.0 (1.11×)" in lines[1] and "best 256, rule 256/128     21.0" in lines[1], lines[1]
 
 
 def test_scaled_mm_scales_summary_sums_the_layer_per_variant(tmp_path):

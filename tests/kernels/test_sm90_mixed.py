@@ -115,10 +115,19 @@ def test_plans_give_each_m_its_token_tile():
     """A decode-sized call takes the 16-token tile, a small batch 64, then 128, and prefill the 256-token tile (from
     fewer tokens for 4-bit codes, whose conversion costs more); every tile is one the kernels exist for."""
     for fmt, from_256 in (("NVFP4", 193), ("MXFP4", 193), ("MXFP8", 193), ("Q8_0", 193), ("FP8", 513)):
-        rows = CutlassSm90.configs(_query(fmt=fmt), 1, 4096)
+        rows = CutlassSm90.configs(_query(fmt=fmt, n=28672, k=4096), 1, 4096)
         assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(1, 16, 16), (17, 64, 64), (65, from_256 - 1, 128),
                                                                  (from_256, 4096, 256)]  # fmt: skip
         assert {c["tokens"] for _, _, c in rows} == set(interface.SM90_MIXED.token_tiles)
+
+
+def test_a_small_n_keeps_128_token_tiles_while_256_would_not_fill_half_the_sms():
+    """The 8B o (N = K = 4096) on 132 SMs: 256-token tiles from 513 tokens (64 of them there), 128 before; a long K
+    (the down's 14336) takes 256 from 193 whatever N."""
+    rows = CutlassSm90.configs(_query(fmt="NVFP4", n=4096, k=4096), 65, 4096)
+    assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(65, 512, 128), (513, 4096, 256)]
+    rows = CutlassSm90.configs(_query(fmt="NVFP4", n=4096, k=14336), 65, 4096)
+    assert [(lo, hi, c["tokens"]) for lo, hi, c in rows] == [(65, 192, 128), (193, 4096, 256)]
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda c: c.name)

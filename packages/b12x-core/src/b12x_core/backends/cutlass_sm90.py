@@ -14,6 +14,8 @@ plan picks them only where a measured table says they are faster.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import kernels, workspace
@@ -26,21 +28,28 @@ FAMILY = interface.SM90_MIXED
 # The scheduler's split (interface.SM90_MIXED_DECOMPOSITIONS), a plan row's config: CUTLASS's heuristic chooses
 # data-parallel or stream-K per shape and SM count.
 DECOMPOSITION = "heuristic"
+SHORT_K = 8192  # token_tile: up to this K, a 256-token grid short of half the SMs takes 128-token tiles
 
 
-def token_tile(fmt: str, m: int) -> int:
-    """The CTA tile's tokens for a call of m tokens (a plan row's config "tokens", one of FAMILY.token_tiles). Every
-    tile converts its weight tile again, and a tile's padded tokens still cost MMAs: 16 up to 16 tokens, where a wider
-    tile's MMAs take longer than reading the weight; 64 up to 64; then 128, and 256 (each weight tile converted once
-    for twice the tokens) from where conversion outweighs the wider tile's fewer, longer waves: 193 tokens for 4-bit
-    codes, 513 for FP8 (benchmarks/sm90_tiles.py on the H100: the 8B layer, 4-bit at 256 tokens 213 µs with 256
-    against 236 with 128; FP8 at 512 319 against 333). MXFP8 and Q8_0, unmeasured, take the 4-bit kinds' rule: like
-    theirs, their conversion multiplies every value by a block scale, which FP8's does not."""
+def token_tile(fmt: str, m: int, n: int, k: int, sms: int) -> int:
+    """The CTA tile's tokens for a call of m tokens of an N x K weight on `sms` SMs (a plan row's config "tokens", one
+    of FAMILY.token_tiles). Every tile converts its weight tile again, and a tile's padded tokens still cost MMAs: 16 up
+    to 16 tokens, where a wider tile's MMAs take longer than reading the weight; 64 up to 64; then 128, and 256 (each
+    weight tile converted once for twice the tokens) from where conversion outweighs the wider tile's fewer, longer
+    waves: 193 tokens for 4-bit codes, 513 for FP8 (benchmarks/sm90_tiles.py on the H100: the 8B layer, 4-bit at 256
+    tokens 213 µs with 256 against 236 with 128; FP8 at 512 319 against 333). MXFP8 and Q8_0, unmeasured, take the
+    4-bit kinds' rule: like theirs, their conversion multiplies every value by a block scale, which FP8's does not.
+    Where the 256-token tiles would not fill half the SMs and K is short, 128 stays: its twice as many CTAs won on the
+    8B o and qkv (NVFP4 at 256 tokens: o 26.5 against 33.0 µs, qkv 32.8 against 34.7; o at 512: 32.8 against 35.5),
+    while a long K keeps 256 (down, K = 14336, at 256 tokens: 57.5 against 62.1; stream-K splits its K)."""
     if m <= 16:
         return 16
     if m <= 64:
         return 64
-    return 128 if m <= (512 if fmt == "FP8" else 192) else 256
+    if m <= (512 if fmt == "FP8" else 192):
+        return 128
+    wide_tiles = math.ceil(n / 128) * math.ceil(m / 256)
+    return 128 if 2 * wide_tiles < sms and k <= SHORT_K else 256
 
 
 def _decomposition(config) -> int:
@@ -67,7 +76,9 @@ class CutlassSm90(Backend):
 
     @classmethod
     def configs(cls, query, lo, hi, layout=None):
-        return config_ranges(lo, hi, lambda m: {"decomposition": DECOMPOSITION, "tokens": token_tile(query.format, m)})
+        q = query
+        return config_ranges(lo, hi, lambda m: {"decomposition": DECOMPOSITION,
+                                                "tokens": token_tile(q.format, m, q.n, q.k, q.device.sms)})  # fmt: skip
 
     def _scheduler_bytes(self, tokens: int, config) -> int:
         q = self.query
